@@ -1,0 +1,48 @@
+# The README's commands. `make demo` and `make test` work on a fresh Debian machine.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+APT_PACKAGES := prometheus
+
+.PHONY: demo test install install-test deps-system lint fmt typecheck bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+install: $(BIN)/python
+	$(BIN)/pip install -q -e .
+
+## The main job on the embedded default: simulator -> proxy -> load, the seed's tables.
+demo: install
+	$(BIN)/tokenstamp demo
+
+## System packages the tests need (prometheus server and promtool).
+deps-system:
+	@if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi; \
+		$$SUDO apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $(APT_PACKAGES); \
+	fi
+
+install-test: $(BIN)/python deps-system
+	$(BIN)/pip install -q -e '.[test]'
+
+lint: install-test
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+## Everything the tests need, then all of them.
+test: install-test lint
+	$(BIN)/pytest
+
+bench: install
+	$(BIN)/tokenstamp bench
+
+fmt:
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build *.egg-info

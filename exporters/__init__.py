@@ -1,0 +1,1 @@
+"""Exporters: turn the timing core's records into Prometheus, OpenTelemetry, JSONL."""

@@ -1,0 +1,139 @@
+"""Prometheus exporter: turns timer records into the METRICS.md instruments.
+
+Writes into an injected ``CollectorRegistry`` (never the global one). Label
+children are resolved once per distinct label set and cached, so a gap costs
+one dictionary lookup and one histogram observation. The labels are already
+bounded by the proxy (see ``exporters.labels``), so the cache is bounded too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from exporters import names
+from proxy.records import Backend, Outcome, RequestLabels, RequestRecord
+
+
+def _doc(inst: names.Instrument) -> str:
+    return f"{inst.description} ({inst.name}, unit {inst.unit})"
+
+
+def histogram(inst: names.Instrument, registry: CollectorRegistry) -> Histogram:
+    """The Prometheus histogram of a METRICS.md instrument."""
+    assert inst.kind is names.Kind.HISTOGRAM, inst.name
+    return Histogram(
+        inst.prom_name, _doc(inst), inst.prom_labels, registry=registry, buckets=inst.buckets
+    )
+
+
+def counter(inst: names.Instrument, registry: CollectorRegistry) -> Counter:
+    """The Prometheus counter of a METRICS.md instrument."""
+    assert inst.kind is names.Kind.COUNTER, inst.name
+    return Counter(inst.prom_name, _doc(inst), inst.prom_labels, registry=registry)
+
+
+def gauge(inst: names.Instrument, registry: CollectorRegistry) -> Gauge:
+    """The Prometheus gauge of a METRICS.md up-down counter."""
+    assert inst.kind is names.Kind.UPDOWN, inst.name
+    return Gauge(inst.prom_name, _doc(inst), inst.prom_labels, registry=registry)
+
+
+def status_class(code: int) -> str:
+    """``2xx``-style class of an HTTP status; ``none`` when nothing was sent."""
+    return f"{code // 100}xx" if 100 <= code <= 599 else "none"
+
+
+@dataclass(slots=True)
+class _Children:
+    """Label children of one request label set."""
+
+    gap: Histogram
+    active: Gauge
+
+
+class PrometheusSink:
+    """A ``proxy.records.Sink`` writing Prometheus metrics into ``registry``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        """The registry the admin server exposes."""
+        self._ttft = histogram(names.TTFT, registry)
+        self._tpot = histogram(names.TPOT, registry)
+        self._gap = histogram(names.GAP, registry)
+        self._duration = histogram(names.DURATION, registry)
+        self._tokens = histogram(names.TOKEN_USAGE, registry)
+        self._max_gap = histogram(names.MAX_GAP, registry)
+        self._requests = counter(names.REQUESTS, registry)
+        self._slo = counter(names.SLO_REQUESTS, registry)
+        self._decoder_errors = counter(names.DECODER_ERRORS, registry)
+        self._unobserved = counter(names.UNOBSERVED, registry)
+        self._active = gauge(names.STREAMS_ACTIVE, registry)
+        self._children: dict[RequestLabels, _Children] = {}
+        self.slo_ttft_s = float("inf")
+        """TTFT target for ``tokenstamp_requests_slo_total``."""
+        self.slo_tpot_s = float("inf")
+        """TPOT target for ``tokenstamp_requests_slo_total``."""
+
+    @staticmethod
+    def request_label_values(labels: RequestLabels) -> tuple[str, str, str, str]:
+        """Values of ``names.REQUEST_ATTRS`` in order."""
+        b = labels.backend
+        return (labels.operation, b.provider, labels.model, b.address)
+
+    def _for(self, labels: RequestLabels) -> _Children:
+        ch = self._children.get(labels)
+        if ch is None:
+            values = self.request_label_values(labels)
+            ch = _Children(gap=self._gap.labels(*values), active=self._active.labels(*values))
+            self._children[labels] = ch
+        return ch
+
+    def request_started(self, labels: RequestLabels) -> None:
+        """In-flight gauge up."""
+        self._for(labels).active.inc()
+
+    def gap(self, labels: RequestLabels, gap_s: float, request_id: str) -> None:
+        """One inter-token gap."""
+        self._for(labels).gap.observe(gap_s)
+
+    def request_finished(self, record: RequestRecord) -> None:
+        """Everything observed once per request."""
+        labels = record.labels
+        self._for(labels).active.dec()
+        values = self.request_label_values(labels)
+        err = record.error_type
+        self._duration.labels(*values, err).observe(record.duration_s)
+        self._requests.labels(
+            *values, record.outcome.value, status_class(record.status_code), err
+        ).inc()
+        if record.prompt_tokens is not None:
+            self._tokens.labels(*values, "input").observe(record.prompt_tokens)
+        if record.completion_tokens is not None:
+            self._tokens.labels(*values, "output").observe(record.completion_tokens)
+        if not record.streamed:
+            return
+        ttft = record.ttft_s
+        if ttft is not None:
+            self._ttft.labels(*values, record.prefix_cache).observe(ttft)
+        tpot = record.tpot_s
+        if tpot is not None:
+            self._tpot.labels(*values).observe(tpot)
+        if record.gap_count:
+            self._max_gap.labels(*values).observe(record.max_gap_s)
+        met = (
+            record.outcome is Outcome.OK
+            and ttft is not None
+            and ttft <= self.slo_ttft_s
+            and (tpot is None or tpot <= self.slo_tpot_s)
+        )
+        self._slo.labels(*values, "met" if met else "missed").inc()
+
+    def decoder_error(self, backend: Backend, kind: str) -> None:
+        """One undecodable upstream event."""
+        self._decoder_errors.labels(backend.provider, backend.address, kind).inc()
+
+    def unobserved(self, backend: Backend, reason: str) -> None:
+        """One request passed through without timing."""
+        self._unobserved.labels(backend.provider, backend.address, reason).inc()

@@ -1,0 +1,333 @@
+"""The proxy's HTTP application: forward everything, time the token streams.
+
+``create_app`` wires one upstream. Every method and path is forwarded; POST
+``/v1/chat/completions`` and ``/v1/completions`` are also observed. Bytes go to
+the client as they are read, unchanged; the stamp is taken right after each
+read, before the bytes are written or looked at (``proxy.timing`` explains
+what shares a stamp).
+
+Errors are mapped in a fixed order, most specific first. Before the response
+starts: upstream timeout 504, any other upstream failure 502, both with a
+short JSON body. After it started the status is gone: the client connection is
+cut (no clean end of stream) and the outcome recorded. ``CancelledError`` is
+always re-raised; the ``finally`` always records the request once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+from aiohttp import web
+
+from proxy.config import ProxyConfig
+from proxy.headers import client_response_headers, upstream_request_headers
+from proxy.labels import ModelLabeler
+from proxy.records import Backend, Operation, Outcome, RequestLabels, Sink
+from proxy.relay import RelayResult, relay_json, relay_plain, relay_sse
+from proxy.tasks import TaskSet
+from proxy.timing import StreamTimer, StreamWatcher
+from proxy.usage import inject, wants_injection
+
+log = logging.getLogger("tokenstamp.proxy")
+
+OBSERVED_ROUTES: dict[str, Operation] = {
+    "/v1/chat/completions": Operation.CHAT,
+    "/v1/completions": Operation.TEXT_COMPLETION,
+}
+
+
+@dataclass(slots=True)
+class ProxyState:
+    """Everything the handler needs, owned by one application."""
+
+    config: ProxyConfig
+    """Validated configuration."""
+    sink: Sink
+    """Where the timing core reports."""
+    clock: Callable[[], int]
+    """Monotonic nanosecond clock."""
+    backend: Backend
+    """The upstream's labels."""
+    labeler: ModelLabeler
+    """Bounded model labels."""
+    watcher: StreamWatcher | None = None
+    """Backend-wide stream view (stall detection), when enabled."""
+    session: aiohttp.ClientSession | None = None
+    """Upstream HTTP client, opened in ``cleanup_ctx``."""
+    tasks: TaskSet = field(default_factory=TaskSet)
+    """Background work owned by the app."""
+    in_flight: int = 0
+    """Requests being proxied right now."""
+    draining: bool = False
+    """SIGTERM received: readiness is false, new work is refused."""
+    inject_usage: bool = True
+    """Usage injection in force (turned off if the upstream refuses it)."""
+
+
+STATE: web.AppKey[ProxyState] = web.AppKey("tokenstamp_state", ProxyState)
+
+
+class _Refused(Exception):
+    """The proxy refuses the request before contacting the upstream."""
+
+    def __init__(self, status: int, error_type: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.error_type = error_type
+
+
+def json_error(status: int, error_type: str, message: str) -> web.Response:
+    """An OpenAI-style error body (clients already parse this shape)."""
+    body = {"error": {"message": message, "type": error_type, "code": status}}
+    return web.Response(
+        status=status,
+        text=json.dumps(body),
+        content_type="application/json",
+        headers={"X-Tokenstamp-Error": error_type},
+    )
+
+
+async def _read_body(request: web.Request, limit: int) -> bytes:
+    """The request body, refusing (413) as soon as it passes ``limit`` bytes."""
+    declared = request.content_length
+    if declared is not None and declared > limit:
+        raise _Refused(413, "body_too_large", f"request body of {declared} bytes exceeds the "
+                       f"proxy's limit of {limit} bytes (--max-body-bytes)")  # fmt: skip
+    buf = bytearray()
+    while True:
+        chunk = await request.content.readany()
+        if not chunk:
+            return bytes(buf)
+        buf += chunk
+        if len(buf) > limit:
+            raise _Refused(413, "body_too_large", f"request body exceeds the proxy's limit "
+                           f"of {limit} bytes (--max-body-bytes)")  # fmt: skip
+
+
+def _client_gone(request: web.Request) -> bool:
+    t = request.transport
+    return t is None or t.is_closing()
+
+
+def _abort(request: web.Request, resp: web.StreamResponse) -> None:
+    """End the client connection without a clean end of stream (bytes sent so far stay)."""
+    resp.force_close()
+    if request.transport is not None:
+        request.transport.close()
+
+
+async def handle(request: web.Request) -> web.StreamResponse:
+    """Forward one request; observe it when it is a completion call."""
+    state = request.app[STATE]
+    cfg = state.config
+    clock = state.clock
+    op = OBSERVED_ROUTES.get(request.path) if request.method == "POST" else None
+    state.in_flight += 1
+    timer: StreamTimer | None = None
+    outcome, status, error_type = Outcome.OK, 0, ""
+    try:
+        try:
+            body = await _read_body(request, cfg.max_body_bytes)
+        except _Refused as exc:
+            outcome, status, error_type = Outcome.REJECTED, exc.status, exc.error_type
+            return json_error(exc.status, exc.error_type, str(exc))
+        arrival_ns = clock()
+        upstream_body, original_body, injected = body, body, False
+        if op is not None:
+            parsed = _parse_json_object(body)
+            if parsed is None:
+                state.sink.unobserved(state.backend, "body_not_json")
+            else:
+                model = parsed.get("model")
+                labels = RequestLabels(op.value, state.labeler.label(model), state.backend)
+                timer = StreamTimer(
+                    uuid.uuid4().hex,
+                    labels,
+                    arrival_ns=arrival_ns,
+                    start_unix_ns=time.time_ns(),
+                    sink=state.sink,
+                    watcher=state.watcher,
+                    request_model=model if isinstance(model, str) else "",
+                )
+                if state.inject_usage and wants_injection(parsed):
+                    new_body = inject(body)
+                    if new_body is not None:
+                        upstream_body, injected = new_body, True
+        result = await _forward(request, state, upstream_body, timer, injected, original_body)
+        outcome, status, error_type = result.outcome, result.status, result.error_type
+        return result.response
+    except asyncio.CancelledError:
+        outcome = Outcome.CLIENT_DISCONNECT if _client_gone(request) else Outcome.UPSTREAM_ERROR
+        error_type = error_type or "cancelled"
+        raise
+    finally:
+        state.in_flight -= 1
+        if timer is not None:
+            try:
+                timer.finish(clock(), outcome, status, error_type)
+            except Exception:  # telemetry never breaks traffic
+                log.exception("recording request failed")
+
+
+def _parse_json_object(body: bytes) -> dict[str, object] | None:
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+async def _forward(
+    request: web.Request,
+    state: ProxyState,
+    body: bytes,
+    timer: StreamTimer | None,
+    injected: bool,
+    original_body: bytes,
+) -> RelayResult:
+    """Send upstream, relay the response; map failures to statuses or outcomes."""
+    assert state.session is not None, "the upstream session opens with the app"
+    cfg = state.config
+    url = cfg.upstream + str(request.rel_url)
+    headers = upstream_request_headers(
+        request.headers,
+        client_ip=request.remote,
+        scheme=request.scheme,
+        identity=timer is not None,
+    )
+    resp: web.StreamResponse | None = None
+    try:
+        up = await _send(state, request.method, url, headers, body, timer)
+        if injected and up.status in (400, 422):
+            # The backend may not know stream_options: ask again exactly as the client did.
+            await up.read()
+            up.release()
+            retry = await _send(state, request.method, url, headers, original_body, timer)
+            if retry.status < 400:
+                state.inject_usage = False
+                log.warning(
+                    "upstream refused stream_options.include_usage (status %d); "
+                    "usage injection is now off for this backend",
+                    up.status,
+                )
+            up, injected = retry, False
+        clean = False
+        try:
+            content_type = up.headers.get("Content-Type", "")
+            is_sse = content_type.startswith("text/event-stream")
+            encoded = up.headers.get("Content-Encoding", "identity").lower() != "identity"
+            observe = timer is not None and not encoded
+            if timer is not None and encoded:
+                state.sink.unobserved(state.backend, "encoded_response")
+            resp = web.StreamResponse(
+                status=up.status,
+                reason=up.reason,
+                headers=client_response_headers(up.headers, keep_length=not (is_sse and injected)),
+            )
+            if is_sse:
+                resp.headers["X-Accel-Buffering"] = "no"
+            await resp.prepare(request)
+            if observe and timer is not None and is_sse:
+                timer.streamed = True
+                result = await relay_sse(up, resp, timer, state, strip_usage=injected)
+            elif observe and timer is not None:
+                result = await relay_json(up, resp, timer, state)
+            else:
+                result = await relay_plain(up, resp)
+            if result.complete:
+                try:
+                    await resp.write_eof()
+                except ConnectionError:
+                    return RelayResult(resp, Outcome.CLIENT_DISCONNECT, resp.status,
+                                       "client_disconnect", complete=False)  # fmt: skip
+                clean = True
+            return result
+        finally:
+            # A response not read to its end must not go back to the pool: close
+            # it, which also tells the backend to stop generating.
+            if clean:
+                up.release()
+            else:
+                up.close()
+    except TimeoutError:
+        if resp is None:
+            msg = f"upstream did not answer within {cfg.read_timeout_s:g} s (--read-timeout)"
+            return RelayResult(json_error(504, "upstream_timeout", msg), Outcome.TIMEOUT, 504,
+                               "timeout")  # fmt: skip
+        _abort(request, resp)
+        return RelayResult(resp, Outcome.TIMEOUT, resp.status, "timeout")
+    except aiohttp.ClientError as exc:
+        kind = type(exc).__name__
+        if resp is None:
+            msg = f"upstream {cfg.backend_label} unreachable: {kind}"
+            return RelayResult(json_error(502, "upstream_unreachable", msg),
+                               Outcome.UPSTREAM_ERROR, 502, kind)  # fmt: skip
+        _abort(request, resp)
+        return RelayResult(resp, Outcome.UPSTREAM_ERROR, resp.status, kind)
+
+
+async def _send(
+    state: ProxyState,
+    method: str,
+    url: str,
+    headers: object,
+    body: bytes,
+    timer: StreamTimer | None,
+) -> aiohttp.ClientResponse:
+    assert state.session is not None
+    if timer is not None:
+        # Stamped as the request is handed to the connection: on a pooled
+        # keep-alive connection the bytes leave within microseconds.
+        timer.forwarded(state.clock())
+    return await state.session.request(
+        method,
+        url,
+        headers=headers,  # type: ignore[arg-type]
+        data=body or None,
+        allow_redirects=False,
+        auto_decompress=False,
+    )
+
+
+def create_app(
+    config: ProxyConfig,
+    *,
+    sink: Sink,
+    clock: Callable[[], int] = time.monotonic_ns,
+    watcher: StreamWatcher | None = None,
+) -> web.Application:
+    """The proxy application for one upstream; the session opens and closes with it."""
+    app = web.Application(client_max_size=config.max_body_bytes)
+    state = ProxyState(
+        config=config,
+        sink=sink,
+        clock=clock,
+        backend=Backend(provider=config.provider, address=config.backend_label),
+        labeler=ModelLabeler(config.model_label_limit, config.model_allowlist),
+        watcher=watcher,
+        inject_usage=config.inject_usage,
+    )
+    app[STATE] = state
+
+    async def session_ctx(app: web.Application) -> AsyncIterator[None]:
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=config.connect_timeout_s, sock_read=config.read_timeout_s
+        )
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=60)
+        state.session = aiohttp.ClientSession(
+            timeout=timeout, connector=connector, auto_decompress=False, trust_env=False
+        )
+        yield
+        await state.tasks.cancel_all()
+        await state.session.close()
+
+    app.cleanup_ctx.append(session_ctx)
+    app.router.add_route("*", "/{tail:.*}", handle)
+    return app

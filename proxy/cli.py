@@ -1,0 +1,91 @@
+"""The ``tokenstamp`` command: ``serve``, ``simulate``, ``demo``, ``bench``.
+
+User errors (bad flags, bad values, a port in use) exit 2 with one line that
+names the key; no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from proxy import __version__
+from proxy.config import ConfigError, add_serve_arguments, build_config
+
+# Subcommands that live in other packages register themselves through a
+# ``register(subparsers)`` function; a missing optional one is simply absent.
+_PLUGINS = ("simulator.cli", "proxy.demo", "bench.cli")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports errors in one line and exits 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    config = build_config(args, os.environ)
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    from proxy.server import serve_forever
+
+    return asyncio.run(serve_forever(config))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full command-line parser."""
+    parser = _Parser(
+        prog="tokenstamp",
+        description="Streaming reverse proxy that stamps every LLM token: time to first token "
+        "(prefill), time per output token and every inter-token gap (decode), and "
+        "prefill-induced stutter, as Prometheus metrics.",
+    )
+    parser.add_argument("--version", action="version", version=f"tokenstamp {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    serve = sub.add_parser(
+        "serve",
+        help="run the proxy in front of an inference server",
+        description="Proxy every request to --upstream unchanged; time completion streams; "
+        "serve /metrics, /healthz and /readyz on --admin. Every flag can also be set as "
+        "the environment variable shown; a flag wins over the environment.",
+    )
+    add_serve_arguments(serve)
+    serve.set_defaults(func=_run_serve)
+    for name in _PLUGINS:
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue
+        mod.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        rc: int = args.func(args)
+    except ConfigError as exc:
+        print(f"tokenstamp: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return rc
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,229 @@
+"""Proxy configuration: one validated, frozen object built from flags and environment.
+
+Every ``serve`` flag can also be given as ``TOKENSTAMP_<FLAG>`` (upper case,
+dashes to underscores); a flag on the command line wins. Validation happens
+here, at start-up, and a bad value raises ``ConfigError`` naming the key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+ENV_PREFIX = "TOKENSTAMP_"
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the key and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class HostPort:
+    """A listen address."""
+
+    host: str
+    """Interface to bind."""
+    port: int
+    """TCP port (0 = any free port)."""
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyConfig:
+    """Everything ``tokenstamp serve`` runs with."""
+
+    upstream: str
+    """Base URL of the inference backend, e.g. ``http://127.0.0.1:8000``."""
+    listen: HostPort = HostPort("127.0.0.1", 8080)
+    """Where clients connect."""
+    admin: HostPort = HostPort("127.0.0.1", 9464)
+    """Where ``/metrics``, ``/healthz`` and ``/readyz`` are served."""
+    backend_name: str = ""
+    """``server.address`` label; defaults to the upstream's host:port."""
+    provider: str = "openai"
+    """``gen_ai.provider.name`` label (vllm, sglang, tgi, llama.cpp, ollama, openai...)."""
+    max_body_bytes: int = 32 << 20
+    """Largest request body accepted; larger gets 413."""
+    max_event_bytes: int = 1 << 20
+    """Largest stream event decoded; larger events are skipped (bytes still flow)."""
+    connect_timeout_s: float = 10.0
+    """Upstream connect timeout (then 502... or 504 when it timed out)."""
+    read_timeout_s: float = 600.0
+    """Longest silence allowed from the upstream, including a long prefill."""
+    model_label_limit: int = 20
+    """Distinct model label values before the rest become ``other``."""
+    model_allowlist: tuple[str, ...] = ()
+    """If set, only these model names become labels."""
+    inject_usage: bool = True
+    """Ask streaming upstreams for usage and hide the usage chunk from clients."""
+    slo_ttft_s: float = 2.0
+    """TTFT target for the SLO counter (goodput)."""
+    slo_tpot_s: float = 0.1
+    """TPOT target for the SLO counter (goodput)."""
+    drain_timeout_s: float = 30.0
+    """On SIGTERM: how long open streams may finish before the process exits."""
+    log_level: str = "info"
+    """Python logging level name."""
+
+    @property
+    def backend_label(self) -> str:
+        """The ``server.address`` value in use."""
+        if self.backend_name:
+            return self.backend_name
+        parts = urlsplit(self.upstream)
+        return parts.netloc or self.upstream
+
+
+def parse_host_port(key: str, value: str) -> HostPort:
+    """``HOST:PORT`` (or ``[v6]:PORT``, or ``:PORT``) into a ``HostPort``."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{key}: expected HOST:PORT, got {value!r}")
+    host = host.strip("[]") or "0.0.0.0"
+    return HostPort(host, int(port))
+
+
+def _url(key: str, value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{key}: expected an http:// or https:// URL, got {value!r}")
+    try:
+        _ = parts.port
+    except ValueError as exc:
+        raise ConfigError(f"{key}: bad port in {value!r}") from exc
+    return value.rstrip("/")
+
+
+def _positive(kind: Callable[[str], Any]) -> Callable[[str, str], Any]:
+    def conv(key: str, value: str) -> Any:
+        try:
+            v = kind(value)
+        except ValueError:
+            raise ConfigError(f"{key}: expected a number, got {value!r}") from None
+        if v <= 0:
+            raise ConfigError(f"{key}: must be > 0, got {value!r}")
+        return v
+
+    return conv
+
+
+def _nonneg_int(key: str, value: str) -> int:
+    try:
+        v = int(value)
+    except ValueError:
+        raise ConfigError(f"{key}: expected a whole number, got {value!r}") from None
+    if v < 0:
+        raise ConfigError(f"{key}: must be >= 0, got {value!r}")
+    return v
+
+
+def _bool(key: str, value: str) -> bool:
+    v = value.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{key}: expected true or false, got {value!r}")
+
+
+def _level(key: str, value: str) -> str:
+    v = value.strip().lower()
+    if v not in ("debug", "info", "warning", "error", "critical"):
+        raise ConfigError(f"{key}: expected debug, info, warning, error or critical")
+    return v
+
+
+def _name(key: str, value: str) -> str:
+    if not value.isprintable() or len(value) > 128:
+        raise ConfigError(f"{key}: must be printable and at most 128 characters")
+    return value
+
+
+def _list(key: str, value: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in value.split(",") if x.strip())
+
+
+@dataclass(frozen=True, slots=True)
+class _Opt:
+    flag: str
+    field: str
+    conv: Callable[[str, str], Any]
+    help: str
+
+
+SERVE_OPTIONS: tuple[_Opt, ...] = (
+    _Opt("upstream", "upstream", _url, "inference backend base URL (required)"),
+    _Opt("listen", "listen", parse_host_port, "proxy listen HOST:PORT (default 127.0.0.1:8080)"),
+    _Opt("admin", "admin", parse_host_port, "admin HOST:PORT for /metrics, /healthz, /readyz "
+         "(default 127.0.0.1:9464)"),
+    _Opt("backend-name", "backend_name", _name, "server.address label (default: upstream "
+         "host:port)"),
+    _Opt("provider", "provider", _name, "gen_ai.provider.name label: vllm, sglang, tgi, llama.cpp, "
+         "ollama, openai... (default openai)"),
+    _Opt("max-body-bytes", "max_body_bytes", _positive(int), "largest request body; larger gets "
+         "413 (default 33554432)"),
+    _Opt("max-event-bytes", "max_event_bytes", _positive(int), "largest stream event decoded; "
+         "larger ones are skipped and counted, bytes still flow (default 1048576)"),
+    _Opt("connect-timeout", "connect_timeout_s", _positive(float), "upstream connect timeout, "
+         "seconds (default 10)"),
+    _Opt("read-timeout", "read_timeout_s", _positive(float), "longest upstream silence, seconds, "
+         "a long prefill included (default 600)"),
+    _Opt("model-label-limit", "model_label_limit", _nonneg_int, "distinct model label values "
+         "before the rest become 'other' (default 20)"),
+    _Opt("model-allowlist", "model_allowlist", _list, "comma-separated model names allowed as "
+         "labels; others become 'other'"),
+    _Opt("inject-usage", "inject_usage", _bool, "ask streaming upstreams for usage and hide the "
+         "usage chunk again: true/false (default true)"),
+    _Opt("slo-ttft", "slo_ttft_s", _positive(float), "TTFT target, seconds (default 2)"),
+    _Opt("slo-tpot", "slo_tpot_s", _positive(float), "TPOT target, seconds (default 0.1)"),
+    _Opt("drain-timeout", "drain_timeout_s", _positive(float), "on SIGTERM, seconds open streams "
+         "may take to finish (default 30)"),
+    _Opt("log-level", "log_level", _level, "debug, info, warning, error (default info)"),
+)  # fmt: skip
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare every ``serve`` flag; values stay strings until ``build_config``."""
+    for opt in SERVE_OPTIONS:
+        env = ENV_PREFIX + opt.flag.upper().replace("-", "_")
+        parser.add_argument(
+            f"--{opt.flag}", dest=opt.field, metavar=opt.flag.split("-")[-1].upper(),
+            help=f"{opt.help}; env {env}",
+        )  # fmt: skip
+        if opt.conv is _bool:
+            parser.add_argument(
+                f"--no-{opt.flag}", dest=opt.field, action="store_const", const="false",
+                help=f"same as --{opt.flag} false",
+            )  # fmt: skip
+
+
+def build_config(args: argparse.Namespace, env: Mapping[str, str]) -> ProxyConfig:
+    """Validate flags (which win) and ``TOKENSTAMP_*`` variables into a config."""
+    values: dict[str, Any] = {}
+    for opt in SERVE_OPTIONS:
+        env_key = ENV_PREFIX + opt.flag.upper().replace("-", "_")
+        raw = getattr(args, opt.field, None)
+        key = f"--{opt.flag}"
+        if raw is None and env_key in env:
+            raw, key = env[env_key], env_key
+        if raw is not None:
+            values[opt.field] = opt.conv(key, raw)
+    if "upstream" not in values:
+        raise ConfigError("--upstream: required (or set TOKENSTAMP_UPSTREAM)")
+    cfg = ProxyConfig(**values)
+    if cfg.listen == cfg.admin and cfg.listen.port != 0:
+        raise ConfigError("--admin: must differ from --listen")
+    return cfg
+
+
+def config_from_argv(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ProxyConfig:
+    """Convenience for tests: parse ``serve`` flags from a list."""
+    parser = argparse.ArgumentParser(prog="tokenstamp serve")
+    add_serve_arguments(parser)
+    return build_config(parser.parse_args(list(argv)), os.environ if env is None else env)

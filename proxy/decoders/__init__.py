@@ -1,0 +1,1 @@
+"""Incremental stream decoders and chunk interpreters (pure: bytes in, events out)."""

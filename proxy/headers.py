@@ -1,0 +1,83 @@
+"""Header rules of a forwarding proxy (RFC 9110 section 7.6.1, RFC 7239 practice).
+
+Hop-by-hop headers, and any header the ``Connection`` header names, are not
+forwarded. Authorization and API-key headers pass through untouched; nothing
+here logs or records them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from multidict import CIMultiDict, CIMultiDictProxy
+
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+# Recomputed by the proxy's own HTTP stack for the hop it writes.
+_REQUEST_DROP = frozenset({"host", "content-length", "expect"})
+_RESPONSE_DROP = frozenset({"content-length"})
+
+#: Headers that carry credentials: never logged, labelled or recorded.
+SECRET_HEADERS = frozenset(
+    {"authorization", "proxy-authorization", "api-key", "x-api-key", "cookie", "set-cookie"}
+)
+
+
+def _connection_listed(headers: CIMultiDictProxy[str]) -> frozenset[str]:
+    listed: set[str] = set()
+    for value in headers.getall("Connection", ()):
+        listed.update(t.strip().lower() for t in value.split(",") if t.strip())
+    return frozenset(listed)
+
+
+def _filtered(headers: CIMultiDictProxy[str], drop: Iterable[str]) -> CIMultiDict[str]:
+    skip = HOP_BY_HOP | _connection_listed(headers) | frozenset(drop)
+    out: CIMultiDict[str] = CIMultiDict()
+    for k, v in headers.items():
+        if k.lower() not in skip:
+            out.add(k, v)
+    return out
+
+
+def upstream_request_headers(
+    headers: CIMultiDictProxy[str],
+    *,
+    client_ip: str | None,
+    scheme: str,
+    identity: bool,
+) -> CIMultiDict[str]:
+    """Headers to send upstream: end-to-end ones plus ``X-Forwarded-For/-Proto``.
+
+    ``identity`` asks the upstream not to compress (observed routes: a token
+    stream must be readable to be timed, and compressing it defeats streaming).
+    """
+    out = _filtered(headers, _REQUEST_DROP)
+    if client_ip:
+        prior = headers.get("X-Forwarded-For")
+        out["X-Forwarded-For"] = f"{prior}, {client_ip}" if prior else client_ip
+    if "X-Forwarded-Proto" not in out:
+        out["X-Forwarded-Proto"] = scheme
+    if identity:
+        out["Accept-Encoding"] = "identity"
+    return out
+
+
+def client_response_headers(
+    headers: CIMultiDictProxy[str], *, keep_length: bool
+) -> CIMultiDict[str]:
+    """Headers to send the client: the upstream's end-to-end headers.
+
+    ``Content-Length`` is kept only when the body goes through unchanged.
+    """
+    return _filtered(headers, () if keep_length else _RESPONSE_DROP)

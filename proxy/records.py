@@ -1,0 +1,171 @@
+"""Record types of the timing core and the sink interface exporters implement.
+
+Pure: no framework imports. Times are ``*_ns`` on the monotonic clock unless
+named ``*_unix_ns`` (wall clock, only for span start and end).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+
+class Outcome(StrEnum):
+    """How a proxied request ended."""
+
+    OK = "ok"
+    CLIENT_DISCONNECT = "client_disconnect"
+    UPSTREAM_ERROR = "upstream_error"
+    TIMEOUT = "timeout"
+    REJECTED = "rejected"
+
+
+class Operation(StrEnum):
+    """``gen_ai.operation.name`` values the proxy observes."""
+
+    CHAT = "chat"
+    TEXT_COMPLETION = "text_completion"
+
+
+@dataclass(frozen=True, slots=True)
+class Backend:
+    """One upstream, as named in metrics."""
+
+    provider: str
+    """``gen_ai.provider.name`` (configured)."""
+    address: str
+    """``server.address``: the backend's configured name."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLabels:
+    """The bounded label set of one observed request; computed once, at arrival."""
+
+    operation: str
+    """``gen_ai.operation.name``."""
+    model: str
+    """``gen_ai.request.model`` after the cardinality bound (may be ``other``)."""
+    backend: Backend
+    """The upstream it went to."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """Everything measured about one finished request."""
+
+    request_id: str
+    """The proxy's id for the request (logs and spans only, never a label)."""
+    labels: RequestLabels
+    """Bounded labels."""
+    streamed: bool
+    """The response was a token stream (SSE) that was timed."""
+    outcome: Outcome
+    """How it ended."""
+    status_code: int
+    """HTTP status sent to the client (0 when none was sent)."""
+    error_type: str
+    """Low-cardinality failure class, empty on success."""
+    arrival_ns: int
+    """``t0``: request head and body read."""
+    forwarded_ns: int | None
+    """``tf``: request sent upstream."""
+    first_token_ns: int | None
+    """``t1``: first output event received."""
+    last_token_ns: int | None
+    """Last output event received."""
+    end_ns: int
+    """End of the response (or of the attempt)."""
+    start_unix_ns: int
+    """Wall-clock time of arrival (for spans)."""
+    output_events: int
+    """Output events seen."""
+    gap_count: int
+    """Inter-token gaps observed (``output_events - 1`` when > 0)."""
+    max_gap_ns: int
+    """Worst gap, 0 without gaps."""
+    prompt_tokens: int | None
+    """``usage.prompt_tokens`` when reported."""
+    completion_tokens: int | None
+    """``usage.completion_tokens`` when reported."""
+    cached_tokens: int | None
+    """``usage.prompt_tokens_details.cached_tokens`` when reported."""
+    finish_reasons: tuple[str, ...]
+    """Finish reasons in order of arrival."""
+    response_model: str
+    """``model`` of the response."""
+    response_id: str
+    """``id`` of the response."""
+    request_model: str
+    """The model the client asked for, unbounded (spans only)."""
+
+    @property
+    def ttft_s(self) -> float | None:
+        """``t1 - t0`` in seconds."""
+        if self.first_token_ns is None:
+            return None
+        return (self.first_token_ns - self.arrival_ns) / 1e9
+
+    @property
+    def upstream_ttft_s(self) -> float | None:
+        """``t1 - tf`` in seconds."""
+        if self.first_token_ns is None or self.forwarded_ns is None:
+            return None
+        return (self.first_token_ns - self.forwarded_ns) / 1e9
+
+    @property
+    def output_tokens(self) -> int:
+        """``n_out``: the backend's count when known, else output events."""
+        if self.completion_tokens is not None:
+            return self.completion_tokens
+        return self.output_events
+
+    @property
+    def tpot_s(self) -> float | None:
+        """``(t_last - t1) / (n_out - 1)``; ``None`` below two output tokens."""
+        n = self.output_tokens
+        if self.first_token_ns is None or self.last_token_ns is None or n < 2:
+            return None
+        if self.output_events < 2:
+            return None
+        return (self.last_token_ns - self.first_token_ns) / 1e9 / (n - 1)
+
+    @property
+    def duration_s(self) -> float:
+        """E2E: end minus ``t0``."""
+        return (self.end_ns - self.arrival_ns) / 1e9
+
+    @property
+    def max_gap_s(self) -> float:
+        """Worst gap in seconds."""
+        return self.max_gap_ns / 1e9
+
+    @property
+    def prefix_cache(self) -> str:
+        """``hit`` / ``miss`` / ``unknown`` from the cached prompt tokens."""
+        if self.cached_tokens is None:
+            return "unknown"
+        return "hit" if self.cached_tokens > 0 else "miss"
+
+
+class Sink(Protocol):
+    """Where the core reports. One call site per observation; exporters implement it.
+
+    Implementations must be cheap and must not raise into the caller's path
+    more than they can help: the proxy wraps calls, but a slow sink slows tokens.
+    """
+
+    def request_started(self, labels: RequestLabels) -> None:
+        """An observed request arrived (in-flight gauge up)."""
+
+    def gap(self, labels: RequestLabels, gap_s: float, request_id: str) -> None:
+        """One inter-token gap of a stream."""
+
+    def request_finished(self, record: RequestRecord) -> None:
+        """A request ended, any outcome (in-flight gauge down)."""
+
+    def decoder_error(self, backend: Backend, kind: str) -> None:
+        """An upstream event could not be decoded."""
+
+    def unobserved(self, backend: Backend, reason: str) -> None:
+        """A request on an observed route was passed through without timing."""

@@ -1,0 +1,185 @@
+"""Relaying an upstream response body to the client: plain, timed SSE, timed JSON.
+
+The hot path. Per read: stamp, write, then look (with usage stripping on, the
+read is split at event boundaries before writing: see ``proxy.usage``).
+``resp.write`` waits when the client's socket buffer is full, so a slow client
+slows the upstream read of its own stream only, and memory stays bounded.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+import aiohttp
+from aiohttp import web
+
+from proxy.decoders.openai import ChunkInfo, interpret, interpret_object
+from proxy.decoders.sse import SseDecoder
+from proxy.records import Outcome
+from proxy.timing import StreamTimer
+from proxy.usage import EventCutter
+
+if TYPE_CHECKING:
+    from proxy.app import ProxyState
+
+
+@dataclass(frozen=True, slots=True)
+class RelayResult:
+    """How relaying a response ended."""
+
+    response: web.StreamResponse
+    """What the handler returns to aiohttp."""
+    outcome: Outcome
+    """Outcome to record."""
+    status: int
+    """Status sent to the client."""
+    error_type: str = ""
+    """Failure class, empty on success."""
+    complete: bool = True
+    """The body was relayed to its end (so the response may end cleanly)."""
+
+
+def _disconnected(resp: web.StreamResponse) -> RelayResult:
+    return RelayResult(
+        resp, Outcome.CLIENT_DISCONNECT, resp.status, "client_disconnect", complete=False
+    )
+
+
+async def relay_plain(up: aiohttp.ClientResponse, resp: web.StreamResponse) -> RelayResult:
+    """Copy the body unchanged, read by read."""
+    content = up.content
+    while True:
+        chunk = await content.readany()
+        if not chunk:
+            return RelayResult(resp, Outcome.OK, resp.status)
+        try:
+            await resp.write(chunk)
+        except ConnectionError:
+            return _disconnected(resp)
+
+
+async def relay_sse(
+    up: aiohttp.ClientResponse,
+    resp: web.StreamResponse,
+    timer: StreamTimer,
+    state: ProxyState,
+    *,
+    strip_usage: bool,
+) -> RelayResult:
+    """Copy an event stream unchanged while timing every output event."""
+    clock = state.clock
+    sink = state.sink
+    backend = state.backend
+    decoder = SseDecoder(state.config.max_event_bytes)
+    cutter = EventCutter() if strip_usage else None
+    content = up.content
+    oversized = 0
+    while True:
+        chunk = await content.readany()
+        now_ns = clock()
+        if not chunk:
+            break
+        if cutter is None:
+            try:
+                await resp.write(chunk)
+            except ConnectionError:
+                return _disconnected(resp)
+            events = decoder.feed(chunk)
+            infos: list[ChunkInfo | None] = [interpret(ev.data) for ev in events]
+        else:
+            events = decoder.feed(chunk)
+            infos = []
+            for ev in events:
+                info = interpret(ev.data)
+                infos.append(info)
+                if info is not None and info.usage_only:
+                    cutter.cut(ev.start_offset, ev.end_offset, ev.open_cr)
+            out = cutter.push(chunk, decoder.boundary_offset)
+            if out:
+                try:
+                    await resp.write(out)
+                except ConnectionError:
+                    return _disconnected(resp)
+        for info in infos:
+            if info is None:
+                sink.decoder_error(backend, "invalid_json")
+            else:
+                timer.chunk(info, now_ns)
+        if decoder.errors != oversized:
+            for _ in range(decoder.errors - oversized):
+                sink.decoder_error(backend, "oversized_event")
+            oversized = decoder.errors
+    if cutter is not None:
+        rest = cutter.flush()
+        if rest:
+            try:
+                await resp.write(rest)
+            except ConnectionError:
+                return _disconnected(resp)
+    if timer.stream_error:
+        return RelayResult(resp, Outcome.UPSTREAM_ERROR, resp.status, timer.stream_error)
+    return _by_status(resp)
+
+
+async def relay_json(
+    up: aiohttp.ClientResponse,
+    resp: web.StreamResponse,
+    timer: StreamTimer,
+    state: ProxyState,
+) -> RelayResult:
+    """Copy a non-streaming body unchanged; read usage from it at the end.
+
+    A copy of at most ``max_event_bytes`` is kept for parsing; a larger body
+    is relayed all the same and counted as undecodable.
+    """
+    limit = state.config.max_event_bytes
+    content = up.content
+    copy = bytearray()
+    too_big = False
+    while True:
+        chunk = await content.readany()
+        if not chunk:
+            break
+        try:
+            await resp.write(chunk)
+        except ConnectionError:
+            return _disconnected(resp)
+        if not too_big:
+            if len(copy) + len(chunk) > limit:
+                too_big = True
+                copy.clear()
+            else:
+                copy += chunk
+    now_ns = state.clock()
+    if too_big:
+        state.sink.decoder_error(state.backend, "oversized_event")
+    elif copy:
+        info = _body_info(bytes(copy))
+        if info is None:
+            state.sink.decoder_error(state.backend, "invalid_json")
+        else:
+            # Not a stream: no first token to see, only what the body reports.
+            timer.chunk(replace(info, output=False), now_ns)
+    if timer.stream_error and resp.status < 400:
+        return RelayResult(resp, Outcome.UPSTREAM_ERROR, resp.status, timer.stream_error)
+    return _by_status(resp)
+
+
+def _body_info(body: bytes) -> ChunkInfo | None:
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return None
+    return interpret_object(obj) if isinstance(obj, dict) else None
+
+
+def _by_status(resp: web.StreamResponse) -> RelayResult:
+    """A relayed response is the upstream's error when its status says so."""
+    status = resp.status
+    if status >= 500:
+        return RelayResult(resp, Outcome.UPSTREAM_ERROR, status, str(status))
+    if status >= 400:
+        return RelayResult(resp, Outcome.OK, status, str(status))
+    return RelayResult(resp, Outcome.OK, status)

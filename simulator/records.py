@@ -1,0 +1,170 @@
+"""Ground truth of the simulated engine: what happened, step by step and token by token.
+
+Four record types (the ``type`` key of their JSON form): ``step``, ``token``,
+``prefill`` and ``finish``. Times are ``time.monotonic_ns()`` of the engine's
+process, which on Linux is system-wide (CLOCK_MONOTONIC), so another process on
+the same machine can compare them with its own stamps. Every record of a
+request carries its response id (``chatcmpl-...`` / ``cmpl-...``) and the
+client's ``X-Request-Id`` header (None when absent).
+
+:class:`GroundTruth` keeps the newest records in memory (bounded) and can also
+append them as JSON lines to a file.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import IO, Literal
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One engine step: its time span and its work."""
+
+    step: int
+    """Step index, from 0 since the engine started."""
+    start_ns: int
+    """Monotonic time the step began (planned)."""
+    end_ns: int
+    """Monotonic time the step ended; its tokens are emitted at this instant."""
+    duration_s: float
+    """Duration the cost model gave the step (the engine's target)."""
+    decode_batch: int
+    """Sequences that decoded one token in this step."""
+    prefill_tokens: int
+    """Prompt tokens computed in this step (cached tokens excluded)."""
+    prefill_response_ids: tuple[str, ...]
+    """Response ids of the requests that had a prefill piece in this step."""
+    prefill_x_request_ids: tuple[str | None, ...]
+    """Their ``X-Request-Id`` headers, in the same order."""
+    type: Literal["step"] = "step"
+    """Record type."""
+
+
+@dataclass(frozen=True, slots=True)
+class TokenRecord:
+    """One output token of one request."""
+
+    response_id: str
+    """Response id of the request (``chatcmpl-<hex>`` or ``cmpl-<hex>``)."""
+    x_request_id: str | None
+    """The client's ``X-Request-Id`` header, if any."""
+    index: int
+    """0 for the first token (end of prefill), then 1, 2, ..."""
+    step: int
+    """Index of the step that produced it."""
+    emit_ns: int
+    """Monotonic time the engine handed the token to the server (= its step's ``end_ns``)."""
+    type: Literal["token"] = "token"
+    """Record type."""
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillRecord:
+    """The prefill of one request, written when it completes."""
+
+    response_id: str
+    """Response id of the request."""
+    x_request_id: str | None
+    """The client's ``X-Request-Id`` header, if any."""
+    prompt_tokens: int
+    """Prompt length (tokens)."""
+    cached_tokens: int
+    """Prompt tokens found in the prefix cache (not computed)."""
+    arrival_ns: int
+    """Monotonic time the engine received the request."""
+    start_ns: int
+    """Start of the first step that carried a piece of its prompt."""
+    end_ns: int
+    """End of the step that finished it (its first token's emit time)."""
+    steps: int
+    """Number of steps that carried a piece of its prompt."""
+    type: Literal["prefill"] = "prefill"
+    """Record type."""
+
+
+@dataclass(frozen=True, slots=True)
+class FinishRecord:
+    """The end of one request: done, or aborted (client gone)."""
+
+    response_id: str
+    """Response id of the request."""
+    x_request_id: str | None
+    """The client's ``X-Request-Id`` header, if any."""
+    finish_reason: Literal["length", "stop", "abort"]
+    """``length`` (max_tokens reached), ``stop`` (default length reached) or ``abort``."""
+    output_tokens: int
+    """Tokens emitted."""
+    arrival_ns: int
+    """Monotonic time the engine received the request."""
+    end_ns: int
+    """Emit time of its last token, or the abort time."""
+    type: Literal["finish"] = "finish"
+    """Record type."""
+
+
+Record = StepRecord | TokenRecord | PrefillRecord | FinishRecord
+"""Any ground-truth record."""
+
+
+def record_to_dict(record: Record) -> dict[str, object]:
+    """JSON-ready form of a record, ``type`` first, tuples as lists."""
+    body = asdict(record)
+    kind = body.pop("type")
+    return {"type": kind, **{k: list(v) if isinstance(v, tuple) else v for k, v in body.items()}}
+
+
+def record_to_json(record: Record) -> str:
+    """One compact JSON line (no newline) for a record."""
+    return json.dumps(record_to_dict(record), separators=(",", ":"))
+
+
+class GroundTruth:
+    """Bounded in-memory list of records, optionally mirrored to a JSONL file."""
+
+    def __init__(self, limit: int = 200_000, path: Path | None = None) -> None:
+        """Keep the newest ``limit`` records; append every record to ``path`` when given."""
+        if limit < 1:
+            raise ValueError(f"ground_truth_limit: expected >= 1, got {limit}")
+        self._records: deque[Record] = deque(maxlen=limit)
+        self._path = path
+        self._file: IO[str] | None = None
+
+    def open(self) -> None:
+        """Open the JSONL file (append, line-buffered writes per step); no-op without one."""
+        if self._path is not None and self._file is None:
+            self._file = self._path.open("a", encoding="utf-8")
+
+    def close(self) -> None:
+        """Flush and close the JSONL file."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def extend(self, records: Iterable[Record]) -> None:
+        """Add records (in order); written to the file at once, flushed per call."""
+        batch = list(records)
+        self._records.extend(batch)
+        if self._file is not None and batch:
+            self._file.write("".join(record_to_json(r) + "\n" for r in batch))
+            self._file.flush()
+
+    def __iter__(self) -> Iterator[Record]:
+        """Records in memory, oldest first."""
+        return iter(tuple(self._records))
+
+    def __len__(self) -> int:
+        """Number of records in memory."""
+        return len(self._records)
+
+    def clear(self) -> None:
+        """Drop the in-memory records (the file keeps its lines)."""
+        self._records.clear()
+
+    def to_jsonl(self, kind: str | None = None) -> str:
+        """In-memory records as JSON lines, optionally only those of ``type == kind``."""
+        return "".join(record_to_json(r) + "\n" for r in self if kind is None or r.type == kind)
