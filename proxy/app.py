@@ -74,6 +74,14 @@ class ProxyState:
 STATE: web.AppKey[ProxyState] = web.AppKey("tokenstamp_state", ProxyState)
 
 
+@dataclass(slots=True)
+class _Progress:
+    """How far one request got, for the record written when it is cancelled."""
+
+    status: int = 0
+    """Status sent to the client, once the response has started."""
+
+
 class _Refused(Exception):
     """The proxy refuses the request before contacting the upstream."""
 
@@ -131,47 +139,53 @@ async def handle(request: web.Request) -> web.StreamResponse:
     op = OBSERVED_ROUTES.get(request.path) if request.method == "POST" else None
     state.in_flight += 1
     timer: StreamTimer | None = None
-    outcome, status, error_type = Outcome.OK, 0, ""
+    progress = _Progress()
+    outcome, error_type = Outcome.OK, ""
+
+    def start_timer(model: object) -> StreamTimer:
+        assert op is not None
+        labels = RequestLabels(op.value, state.labeler.label(model), state.backend)
+        return StreamTimer(
+            uuid.uuid4().hex,
+            labels,
+            arrival_ns=clock(),
+            start_unix_ns=time.time_ns(),
+            sink=state.sink,
+            watcher=state.watcher,
+            request_model=model if isinstance(model, str) else "",
+        )
+
     try:
         try:
             body = await _read_body(request, cfg.max_body_bytes)
         except _Refused as exc:
-            outcome, status, error_type = Outcome.REJECTED, exc.status, exc.error_type
+            if op is not None:
+                timer = start_timer(None)
+            outcome, progress.status, error_type = Outcome.REJECTED, exc.status, exc.error_type
             return json_error(exc.status, exc.error_type, str(exc))
-        arrival_ns = clock()
-        upstream_body, original_body, injected = body, body, False
+        upstream_body, injected = body, False
         if op is not None:
             parsed = _parse_json_object(body)
             if parsed is None:
                 state.sink.unobserved(state.backend, "body_not_json")
             else:
-                model = parsed.get("model")
-                labels = RequestLabels(op.value, state.labeler.label(model), state.backend)
-                timer = StreamTimer(
-                    uuid.uuid4().hex,
-                    labels,
-                    arrival_ns=arrival_ns,
-                    start_unix_ns=time.time_ns(),
-                    sink=state.sink,
-                    watcher=state.watcher,
-                    request_model=model if isinstance(model, str) else "",
-                )
+                timer = start_timer(parsed.get("model"))
                 if state.inject_usage and wants_injection(parsed):
                     new_body = inject(body)
                     if new_body is not None:
                         upstream_body, injected = new_body, True
-        result = await _forward(request, state, upstream_body, timer, injected, original_body)
-        outcome, status, error_type = result.outcome, result.status, result.error_type
+        result = await _forward(request, state, upstream_body, timer, injected, body, progress)
+        outcome, progress.status, error_type = result.outcome, result.status, result.error_type
         return result.response
     except asyncio.CancelledError:
         outcome = Outcome.CLIENT_DISCONNECT if _client_gone(request) else Outcome.UPSTREAM_ERROR
-        error_type = error_type or "cancelled"
+        error_type = "client_disconnect" if outcome is Outcome.CLIENT_DISCONNECT else "cancelled"
         raise
     finally:
         state.in_flight -= 1
         if timer is not None:
             try:
-                timer.finish(clock(), outcome, status, error_type)
+                timer.finish(clock(), outcome, progress.status, error_type)
             except Exception:  # telemetry never breaks traffic
                 log.exception("recording request failed")
 
@@ -191,6 +205,7 @@ async def _forward(
     timer: StreamTimer | None,
     injected: bool,
     original_body: bytes,
+    progress: _Progress,
 ) -> RelayResult:
     """Send upstream, relay the response; map failures to statuses or outcomes."""
     assert state.session is not None, "the upstream session opens with the app"
@@ -234,6 +249,7 @@ async def _forward(
             if is_sse:
                 resp.headers["X-Accel-Buffering"] = "no"
             await resp.prepare(request)
+            progress.status = resp.status
             if observe and timer is not None and is_sse:
                 timer.streamed = True
                 result = await relay_sse(up, resp, timer, state, strip_usage=injected)

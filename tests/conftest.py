@@ -69,7 +69,7 @@ async def upstream(aiohttp_server) -> Upstream:
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", handle)
-    server = await aiohttp_server(app, handler_cancellation=True)
+    server = await aiohttp_server(app)
     state.url = str(server.make_url("")).rstrip("/")
     return state
 
