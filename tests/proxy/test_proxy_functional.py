@@ -67,7 +67,12 @@ def vllm_like(delays: list[float], *, usage: bool) -> list[tuple[float, bytes]]:
 
 
 def body(stream: bool = True, **extra: object) -> dict[str, object]:
-    return {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": stream, **extra}
+    return {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": stream,
+        **extra,
+    }
 
 
 def sample(proxy, name: str, **labels: str) -> float | None:
@@ -93,7 +98,9 @@ async def test_stream_bytes_exact_and_timing_recorded(upstream, proxy_factory):
     sent = json.loads(upstream.requests[0]["body"])
     assert sent["stream_options"] == {"include_usage": True}
 
-    ttft_sum = sample(p, "gen_ai_server_time_to_first_token_seconds_sum", tokenstamp_prefix_cache="hit")
+    ttft_sum = sample(
+        p, "gen_ai_server_time_to_first_token_seconds_sum", tokenstamp_prefix_cache="hit"
+    )
     assert ttft_sum == pytest.approx(0.20, abs=0.05)
     gap = "gen_ai_client_operation_time_per_output_chunk_seconds"
     assert sample(p, gap + "_count") == 3
@@ -122,7 +129,7 @@ async def test_client_choice_of_usage_is_respected(upstream, proxy_factory):
     upstream.script = Script(vllm_like([0.01, 0.01], usage=True))
     p = await proxy_factory(upstream.url)
     payload = body(stream_options={"include_usage": True})
-    status, got, _ = await post(p.url + "/v1/chat/completions", payload)
+    _status, got, _ = await post(p.url + "/v1/chat/completions", payload)
     assert got == b"".join(d for _, d in vllm_like([0.01, 0.01], usage=True))
     assert upstream.requests[0]["body"] == json.dumps(payload).encode()
 
@@ -172,12 +179,17 @@ async def test_completions_route_and_text_output(upstream, proxy_factory):
     ]  # fmt: skip
     upstream.script = Script([(0.05, chunks[0]), (0.05, chunks[1]), (0, chunks[2])])
     p = await proxy_factory(upstream.url, inject_usage=False)
-    status, got, _ = await post(p.url + "/v1/completions", {"model": "m", "prompt": "x", "stream": True})
+    _status, got, _ = await post(
+        p.url + "/v1/completions", {"model": "m", "prompt": "x", "stream": True}
+    )
     assert got == b"".join(chunks)
     labels = {**LABELS, "gen_ai_operation_name": "text_completion"}
-    assert p.registry.get_sample_value(
-        "gen_ai_client_operation_time_per_output_chunk_seconds_count", labels
-    ) == 1
+    assert (
+        p.registry.get_sample_value(
+            "gen_ai_client_operation_time_per_output_chunk_seconds_count", labels
+        )
+        == 1
+    )
 
 
 async def test_non_streaming_usage_and_duration(upstream, proxy_factory):
@@ -189,7 +201,7 @@ async def test_non_streaming_usage_and_duration(upstream, proxy_factory):
     }).encode()  # fmt: skip
     upstream.script = Script([(0.1, answer)], content_type="application/json")
     p = await proxy_factory(upstream.url)
-    status, got, headers = await post(p.url + "/v1/chat/completions", body(stream=False))
+    status, got, _headers = await post(p.url + "/v1/chat/completions", body(stream=False))
     assert (status, got) == (200, answer)
     assert "stream_options" not in json.loads(upstream.requests[0]["body"])
     assert sample(p, "gen_ai_client_token_usage_sum", gen_ai_token_type="input") == 5
@@ -202,15 +214,14 @@ async def test_other_routes_forwarded_with_headers_and_query(upstream, proxy_fac
     upstream.script = Script([(0, b'{"data":[]}')], content_type="application/json",
                              headers={"X-Upstream": "yes"})  # fmt: skip
     p = await proxy_factory(upstream.url)
-    async with aiohttp.ClientSession() as s:
-        async with s.get(
-            p.url + "/v1/models?x=1&y=%20",
-            headers={"Authorization": "Bearer sk-secret", "Connection": "keep-alive, X-Hop",
-                     "X-Hop": "drop-me", "Keep-Alive": "timeout=5", "X-Custom": "kept"},
-        ) as r:  # fmt: skip
-            assert r.status == 200
-            assert await r.read() == b'{"data":[]}'
-            assert r.headers["X-Upstream"] == "yes"
+    async with aiohttp.ClientSession() as s, s.get(
+        p.url + "/v1/models?x=1&y=%20",
+        headers={"Authorization": "Bearer sk-secret", "Connection": "keep-alive, X-Hop",
+                 "X-Hop": "drop-me", "Keep-Alive": "timeout=5", "X-Custom": "kept"},
+    ) as r:  # fmt: skip
+        assert r.status == 200
+        assert await r.read() == b'{"data":[]}'
+        assert r.headers["X-Upstream"] == "yes"
     seen = upstream.requests[0]
     assert seen["method"] == "GET"
     assert seen["path"] == "/v1/models?x=1&y=%20"
@@ -268,7 +279,7 @@ def free_port() -> int:
 
 async def test_unreachable_upstream_is_502_json(proxy_factory):
     p = await proxy_factory(f"http://127.0.0.1:{free_port()}")
-    status, got, headers = await post(p.url + "/v1/chat/completions", body())
+    status, got, _headers = await post(p.url + "/v1/chat/completions", body())
     assert status == 502
     err = json.loads(got)["error"]
     assert err["type"] == "upstream_unreachable"
@@ -364,12 +375,11 @@ async def test_slow_client_backpressure_keeps_memory_bounded(upstream, proxy_fac
 
     upstream.handler = big
     p = await proxy_factory(upstream.url)
-    async with aiohttp.ClientSession() as s:
-        async with s.get(p.url + "/big", read_bufsize=65536) as r:
-            got = await r.content.read(65536)
-            await asyncio.sleep(0.5)
-            ahead = len(written) * 65536 - len(got)
-            rest = await r.read()
+    async with aiohttp.ClientSession() as s, s.get(p.url + "/big", read_bufsize=65536) as r:
+        got = await r.content.read(65536)
+        await asyncio.sleep(0.5)
+        ahead = len(written) * 65536 - len(got)
+        rest = await r.read()
     assert len(got) + len(rest) == 768 * 65536
     assert ahead < 24 * 1024 * 1024, f"upstream ran {ahead} bytes ahead of a stalled client"
 
@@ -393,11 +403,9 @@ async def test_metrics_and_health_endpoints(upstream, proxy_factory):
 
 async def test_readyz_false_when_upstream_down_or_draining(proxy_factory, upstream):
     p = await proxy_factory(f"http://127.0.0.1:{free_port()}")
-    async with aiohttp.ClientSession() as s:
-        async with s.get(p.admin_url + "/readyz") as r:
-            assert r.status == 503
+    async with aiohttp.ClientSession() as s, s.get(p.admin_url + "/readyz") as r:
+        assert r.status == 503
     q = await proxy_factory(upstream.url)
     q.state.draining = True
-    async with aiohttp.ClientSession() as s:
-        async with s.get(q.admin_url + "/readyz") as r:
-            assert (r.status, await r.text()) == (503, "draining\n")
+    async with aiohttp.ClientSession() as s, s.get(q.admin_url + "/readyz") as r:
+        assert (r.status, await r.text()) == (503, "draining\n")

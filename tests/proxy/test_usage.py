@@ -25,7 +25,10 @@ def test_wants_injection_only_for_streams_without_a_choice():
 def test_inject_keeps_every_other_byte():
     raw = b'  {"model": "m",  "stream": true, "x": 1.0e-5}'
     out = inject(raw)
-    assert out == b'  {"stream_options":{"include_usage":true},"model": "m",  "stream": true, "x": 1.0e-5}'
+    assert (
+        out
+        == b'  {"stream_options":{"include_usage":true},"model": "m",  "stream": true, "x": 1.0e-5}'
+    )
     assert json.loads(out)["stream_options"] == {"include_usage": True}
 
 
@@ -89,7 +92,7 @@ def test_usage_chunk_removed_byte_exactly_under_any_split(middle, eol, cuts, tra
 def test_complete_events_released_at_once_partial_held():
     dec, cut = SseDecoder(), EventCutter()
     first = TOK + b"\n\n"
-    chunk = first + b"data: {\"par"
+    chunk = first + b'data: {"par'
     dec.feed(chunk)
     assert cut.push(chunk, dec.boundary_offset) == first
     rest = b'tial":1}\n\n'
