@@ -119,6 +119,18 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
                            f"of {limit} bytes (--max-body-bytes)")  # fmt: skip
 
 
+def request_id(request: web.Request) -> str:
+    """The client's ``X-Request-Id`` when it is a sane token, else a fresh random id.
+
+    Used in logs and spans (so an operator can find the culprit a client knows),
+    never as a metric label.
+    """
+    given = request.headers.get("X-Request-Id", "")
+    if 0 < len(given) <= 128 and given.isascii() and given.isprintable() and " " not in given:
+        return given
+    return uuid.uuid4().hex
+
+
 def _client_gone(request: web.Request) -> bool:
     t = request.transport
     return t is None or t.is_closing()
@@ -146,7 +158,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
         assert op is not None
         labels = RequestLabels(op.value, state.labeler.label(model), state.backend)
         return StreamTimer(
-            uuid.uuid4().hex,
+            request_id(request),
             labels,
             arrival_ns=clock(),
             start_unix_ns=time.time_ns(),
