@@ -1,0 +1,185 @@
+"""The seed's two scenarios, run through the proxy and measured from its own records.
+
+Stutter: ``n`` streams decoding, then one long prompt arrives; measured from
+the proxy's token timelines: the worst gap an existing stream saw while the
+long prompt was prefilled, the existing streams' token rate meanwhile, the
+long request's TTFT. Single: one request alone, the seed's first table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import aiohttp
+
+from proxy.tasks import TaskSet
+from proxy.tokenlog import TokenLog
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class StutterMeasurement:
+    """What the proxy saw when one long prompt joined ``streams`` decoding streams."""
+
+    streams: int
+    """Existing streams decoding when the long prompt arrived."""
+    long_request_id: str
+    """Request id of the long prompt."""
+    steady_gap_s: float
+    """Median gap of the existing streams before the long prompt arrived."""
+    worst_gap_s: float
+    """Median over existing streams of each stream's worst gap during the prefill window."""
+    worst_gap_max_s: float
+    """Largest such gap of any existing stream."""
+    token_rate_per_s: float
+    """Median over existing streams of tokens received per second during the window."""
+    ttft_s: float
+    """The long request's time to first token, as the proxy recorded it."""
+    window_s: float
+    """The long request's prefill window at the proxy: forwarded to first token."""
+
+
+@dataclass(frozen=True, slots=True)
+class SingleMeasurement:
+    """One request alone: the seed's first table, measured at the proxy."""
+
+    output_tokens: int
+    """Output events received."""
+    ttft_s: float
+    """Arrival to first token."""
+    tpot_s: float
+    """Mean time per output token after the first."""
+    e2e_s: float
+    """Arrival to end of stream."""
+
+
+def chat_body(prompt_tokens: int, max_tokens: int) -> dict[str, object]:
+    """A streamed chat request whose prompt length the simulator takes as given."""
+    return {
+        "model": "tokenstamp-sim",
+        "messages": [{"role": "user", "content": "tell me a story"}],
+        "stream": True,
+        "max_tokens": max_tokens,
+        "sim_prompt_tokens": prompt_tokens,
+    }
+
+
+async def _stream(
+    session: aiohttp.ClientSession, url: str, body: dict[str, object], request_id: str
+) -> int:
+    async with session.post(
+        url + "/v1/chat/completions", json=body, headers={"X-Request-Id": request_id}
+    ) as r:
+        if r.status != 200:
+            raise RuntimeError(f"{request_id}: HTTP {r.status}: {(await r.text())[:200]}")
+        n = 0
+        async for chunk in r.content.iter_any():
+            n += len(chunk)
+        return n
+
+
+async def _wait(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not predicate():
+        if loop.time() > deadline:
+            raise RuntimeError(f"timed out after {timeout_s:g} s waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+async def run_stutter(
+    proxy_url: str,
+    log: TokenLog,
+    *,
+    label: str,
+    streams: int = 40,
+    prompt_tokens: int = 4000,
+    progress: Progress = lambda _: None,
+) -> StutterMeasurement:
+    """Start ``streams`` streams, let them settle, send the long prompt, measure."""
+    ids = [f"{label}-stream-{i:02d}" for i in range(streams)]
+    long_id = f"{label}-long-prompt"
+    tasks = TaskSet()
+    # Enough output that every stream is still decoding well after the long
+    # prompt's first token, even on a busy machine.
+    body = chat_body(prompt_tokens=64, max_tokens=240)
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=120)
+    ) as session:
+        running = [tasks.spawn(_stream(session, proxy_url, body, rid)) for rid in ids]
+
+        def tokens(rid: str) -> int:
+            tl = log.timelines.get(rid)
+            return len(tl.token_ns) if tl else 0
+
+        def settled() -> bool:
+            return all(tokens(rid) >= 12 for rid in ids)
+
+        progress(f"{label}: starting {streams} streams")
+        await _wait(settled, 30, f"{streams} streams to be decoding")
+        progress(f"{label}: {streams} streams decoding; sending a {prompt_tokens:,}-token prompt")
+        long_task = tasks.spawn(_stream(session, proxy_url, chat_body(prompt_tokens, 4), long_id))
+        await _wait(lambda: tokens(long_id) >= 1, 30, "the long prompt's first token")
+        # Let every existing stream receive the token that ends its stall.
+        await asyncio.sleep(0.15)
+        progress(f"{label}: long prompt answered; finishing the streams")
+        await long_task
+        await asyncio.gather(*running)
+    long_tl = log.timelines[long_id]
+    assert long_tl.forwarded_ns is not None
+    assert long_tl.first_token_ns is not None
+    tf, t1 = long_tl.forwarded_ns, long_tl.first_token_ns
+    steady: list[int] = []
+    worst: list[int] = []
+    rates: list[float] = []
+    for rid in ids:
+        tl = log.timelines[rid]
+        gaps = tl.gaps_ns()
+        steady.extend(b - a for a, b in gaps if b <= tf)
+        # Gaps that overlap the prefill window (forwarded .. first token).
+        during = [b - a for a, b in gaps if b > tf and a < t1]
+        if during:
+            worst.append(max(during))
+        in_window = sum(1 for t in tl.token_ns if tf < t <= t1)
+        rates.append(in_window / ((t1 - tf) / 1e9))
+    if not worst:
+        raise RuntimeError("no existing stream had a gap during the prefill window")
+    return StutterMeasurement(
+        streams=streams,
+        long_request_id=long_id,
+        steady_gap_s=statistics.median(steady[-streams * 8 :]) / 1e9,
+        worst_gap_s=statistics.median(worst) / 1e9,
+        worst_gap_max_s=max(worst) / 1e9,
+        token_rate_per_s=statistics.median(rates),
+        ttft_s=0.0,  # filled from the proxy's request record by the caller
+        window_s=(t1 - tf) / 1e9,
+    )
+
+
+async def run_single(
+    proxy_url: str,
+    log: TokenLog,
+    *,
+    prompt_tokens: int,
+    output_tokens: int,
+    progress: Progress = lambda _: None,
+) -> SingleMeasurement:
+    """One request alone on an idle engine."""
+    rid = "single-request"
+    progress(f"single: one request, {prompt_tokens:,}-token prompt, {output_tokens} tokens out")
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+        await _stream(session, proxy_url, chat_body(prompt_tokens, output_tokens), rid)
+    tl = log.timelines[rid]
+    assert tl.first_token_ns is not None
+    assert tl.end_ns is not None
+    n = len(tl.token_ns)
+    return SingleMeasurement(
+        output_tokens=n,
+        ttft_s=0.0,  # filled from the proxy's request record by the caller
+        tpot_s=(tl.token_ns[-1] - tl.token_ns[0]) / 1e9 / max(1, n - 1),
+        e2e_s=0.0,
+    )
