@@ -15,10 +15,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import socket
 import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import aiohttp
 from prometheus_client import CollectorRegistry
 
 from exporters.prometheus import PrometheusSink
@@ -27,7 +29,6 @@ from proxy.records import RequestRecord
 from proxy.scenarios import SingleMeasurement, StutterMeasurement, run_single, run_stutter
 from proxy.server import RunningProxy, start_proxy
 from proxy.tokenlog import TokenLog
-from simulator.cli import RunningSimulator, start_simulator
 from simulator.cost import (
     CostModel,
     StutterPrediction,
@@ -61,30 +62,68 @@ class _RecordingSink(PrometheusSink):
 
 @dataclass(slots=True)
 class _Stack:
-    sim: RunningSimulator
+    sim: asyncio.subprocess.Process
+    sim_url: str
     proxy: RunningProxy
     sink: _RecordingSink
     log: TokenLog
 
     async def close(self) -> None:
         await self.proxy.close(drain_timeout_s=2.0)
-        await self.sim.close()
+        if self.sim.returncode is None:
+            self.sim.terminate()
+            try:
+                await asyncio.wait_for(self.sim.wait(), 10)
+            except TimeoutError:
+                self.sim.kill()
+                await self.sim.wait()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _start_simulator(chunk_size: int | None) -> tuple[asyncio.subprocess.Process, str]:
+    """The simulator in its own process, so the proxy's work cannot delay its steps."""
+    port = _free_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "simulator", "simulate", "--listen", f"127.0.0.1:{port}",
+        "--profile", "seed", "--chunk-size", "none" if chunk_size is None else str(chunk_size),
+        stdin=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    async with aiohttp.ClientSession() as s:
+        for _ in range(400):
+            if proc.returncode is not None:
+                raise RuntimeError(f"the simulator exited with status {proc.returncode}")
+            try:
+                async with s.get(url + "/health") as r:
+                    if r.status == 200:
+                        return proc, url
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.025)
+    proc.kill()
+    await proc.wait()
+    raise RuntimeError("the simulator did not start within 10 s")
 
 
 async def _start(chunk_size: int | None) -> _Stack:
-    sim = await start_simulator("seed", chunk_size=chunk_size)
+    sim, sim_url = await _start_simulator(chunk_size)
     registry = CollectorRegistry()
     sink = _RecordingSink(registry)
     log = TokenLog(capacity=4096)
     cfg = ProxyConfig(
-        upstream=sim.url,
+        upstream=sim_url,
         listen=HostPort("127.0.0.1", 0),
         admin=HostPort("127.0.0.1", 0),
         backend_name="simulator",
         provider="tokenstamp-sim",
     )
     proxy = await start_proxy(cfg, registry=registry, sink=sink, watcher=log)
-    return _Stack(sim, proxy, sink, log)
+    return _Stack(sim, sim_url, proxy, sink, log)
 
 
 def _progress(quiet: bool) -> Any:
@@ -262,7 +301,7 @@ async def _main(args: argparse.Namespace) -> int:
 
 async def _serve_forever() -> None:
     stack = await _start(None)
-    print(f"\nsimulator: {stack.sim.url}  (OpenAI base URL {stack.sim.url}/v1)")
+    print(f"\nsimulator: {stack.sim_url}  (OpenAI base URL {stack.sim_url}/v1)")
     print(f"proxy:     {stack.proxy.url}  (OpenAI base URL {stack.proxy.url}/v1)")
     print(f"metrics:   {stack.proxy.admin_url}/metrics")
     print("Ctrl-C to stop.", flush=True)

@@ -4,18 +4,23 @@ Stutter: ``n`` streams decoding, then one long prompt arrives; measured from
 the proxy's token timelines: the worst gap an existing stream saw while the
 long prompt was prefilled, the existing streams' token rate meanwhile, the
 long request's TTFT. Single: one request alone, the seed's first table.
+
+The ``n`` streams are read by a child process (``python -m proxy.scenarios``),
+so the proxy's process does only what a proxy does and its stamps are not
+delayed by the load generator's own work.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import statistics
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
 
-from proxy.tasks import TaskSet
 from proxy.tokenlog import TokenLog
 
 Progress = Callable[[str], None]
@@ -82,6 +87,23 @@ async def _stream(
         return n
 
 
+async def _streams(url: str, ids: list[str], body: dict[str, object]) -> None:
+    """Run the streams to their end (the child process's job)."""
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=120)
+    ) as session:
+        await asyncio.gather(*(_stream(session, url, body, rid) for rid in ids))
+
+
+async def _spawn_streams(
+    url: str, ids: list[str], body: dict[str, object]
+) -> asyncio.subprocess.Process:
+    spec = json.dumps({"url": url, "ids": ids, "body": body})
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "proxy.scenarios", spec, stdin=asyncio.subprocess.DEVNULL
+    )
+
+
 async def _wait(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
@@ -103,32 +125,29 @@ async def run_stutter(
     """Start ``streams`` streams, let them settle, send the long prompt, measure."""
     ids = [f"{label}-stream-{i:02d}" for i in range(streams)]
     long_id = f"{label}-long-prompt"
-    tasks = TaskSet()
     # Enough output that every stream is still decoding well after the long
     # prompt's first token, even on a busy machine.
     body = chat_body(prompt_tokens=64, max_tokens=240)
-    async with aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=120)
-    ) as session:
-        running = [tasks.spawn(_stream(session, proxy_url, body, rid)) for rid in ids]
 
-        def tokens(rid: str) -> int:
-            tl = log.timelines.get(rid)
-            return len(tl.token_ns) if tl else 0
+    def tokens(rid: str) -> int:
+        tl = log.timelines.get(rid)
+        return len(tl.token_ns) if tl else 0
 
-        def settled() -> bool:
-            return all(tokens(rid) >= 12 for rid in ids)
-
-        progress(f"{label}: starting {streams} streams")
-        await _wait(settled, 30, f"{streams} streams to be decoding")
+    progress(f"{label}: starting {streams} streams")
+    child = await _spawn_streams(proxy_url, ids, body)
+    try:
+        await _wait(lambda: all(tokens(rid) >= 12 for rid in ids), 60,
+                    f"{streams} streams to be decoding")  # fmt: skip
         progress(f"{label}: {streams} streams decoding; sending a {prompt_tokens:,}-token prompt")
-        long_task = tasks.spawn(_stream(session, proxy_url, chat_body(prompt_tokens, 4), long_id))
-        await _wait(lambda: tokens(long_id) >= 1, 30, "the long prompt's first token")
-        # Let every existing stream receive the token that ends its stall.
-        await asyncio.sleep(0.15)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+            await _stream(session, proxy_url, chat_body(prompt_tokens, 4), long_id)
         progress(f"{label}: long prompt answered; finishing the streams")
-        await long_task
-        await asyncio.gather(*running)
+        if await child.wait() != 0:
+            raise RuntimeError(f"{label}: the stream client failed")
+    finally:
+        if child.returncode is None:
+            child.kill()
+            await child.wait()
     long_tl = log.timelines[long_id]
     assert long_tl.forwarded_ns is not None
     assert long_tl.first_token_ns is not None
@@ -183,3 +202,13 @@ async def run_single(
         tpot_s=(tl.token_ns[-1] - tl.token_ns[0]) / 1e9 / max(1, n - 1),
         e2e_s=0.0,
     )
+
+
+def _child_main(spec_json: str) -> int:
+    spec = json.loads(spec_json)
+    asyncio.run(_streams(spec["url"], spec["ids"], spec["body"]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_child_main(sys.argv[1]))

@@ -9,7 +9,8 @@ import sys
 import pytest
 
 
-def close(measured: float, predicted: float, rel: float = 0.15, abs_s: float = 0.005) -> bool:
+def close(measured: float, predicted: float, rel: float = 0.15, abs_s: float = 0.008) -> bool:
+    # 15% or a few ms, whichever is larger: holds on a busy 2-core machine.
     return abs(measured - predicted) <= max(rel * predicted, abs_s)
 
 
