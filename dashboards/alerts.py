@@ -1,0 +1,197 @@
+"""Prometheus alerting rules.
+
+Every alert has a ``severity`` label and ``summary``, ``description`` and
+``runbook_url`` annotations; the runbook has one section per alert name
+(``dashboards/runbook.md``). The SLO alerts are multi-window, multi-burn-rate
+alerts as in the Google SRE workbook's "Alerting on SLOs".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dashboards import promql, rules
+from dashboards.config import Config, Severity
+
+Alert = dict[str, Any]
+
+TTFT_BURN = "TokenstampTTFTBudgetBurn"
+TPOT_BURN = "TokenstampTPOTBudgetBurn"
+PREFILL_STUTTER = "TokenstampPrefillStutter"
+UNATTRIBUTED_STALLS = "TokenstampUnattributedStalls"
+UPSTREAM_ERRORS = "TokenstampUpstreamErrors"
+TARGET_DOWN = "TokenstampTargetDown"
+DECODER_ERRORS = "TokenstampDecoderErrors"
+
+#: Every alert name, in runbook order.
+ALERT_NAMES: tuple[str, ...] = (
+    TTFT_BURN,
+    TPOT_BURN,
+    PREFILL_STUTTER,
+    UNATTRIBUTED_STALLS,
+    UPSTREAM_ERRORS,
+    TARGET_DOWN,
+    DECODER_ERRORS,
+)
+
+
+def runbook_url(config: Config, alert: str) -> str:
+    """The runbook section of an alert: GitHub's anchor of its ``## Name`` heading."""
+    return f"{config.runbook_url}#{alert.lower()}"
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:g}%"
+
+
+def _alert(
+    config: Config,
+    name: str,
+    expr: str,
+    for_: str,
+    severity: Severity,
+    summary: str,
+    description: str,
+) -> Alert:
+    return {
+        "alert": name,
+        "expr": expr,
+        "for": for_,
+        "labels": {"severity": str(severity)},
+        "annotations": {
+            "summary": summary,
+            "description": description,
+            "runbook_url": runbook_url(config, name),
+        },
+    }
+
+
+def _burn_alerts(
+    config: Config,
+    name: str,
+    template: str,
+    what: str,
+    counted: str,
+    target_s: float,
+    objective: float,
+) -> list[Alert]:
+    budget = promql.num(1 - objective)
+    out: list[Alert] = []
+    for severity in (Severity.CRITICAL, Severity.WARNING):
+        windows = [w for w in config.burn_windows if w.severity is severity]
+        if not windows:
+            continue
+        clauses = []
+        for w in windows:
+            long = rules.record_name(template, w.long)
+            short = rules.record_name(template, w.short)
+            threshold = f"({promql.num(w.factor)} * {budget})"
+            clauses.append(f"(\n  {long} > {threshold}\nand\n  {short} > {threshold}\n)")
+        conditions = ", or ".join(
+            f"{promql.num(w.factor)}x over {w.long} and {w.short}" for w in windows
+        )
+        out.append(
+            _alert(
+                config,
+                name,
+                "\nor\n".join(clauses),
+                config.burn_for(severity),
+                severity,
+                f"{{{{ $labels.server_address }}}} is burning its {what} error budget"
+                + (" fast." if severity is Severity.CRITICAL else "."),
+                f"{{{{ $value | humanizePercentage }}}} of {counted} on "
+                f"{{{{ $labels.server_address }}}} missed the {what} target of "
+                f"{promql.num(target_s)}s (objective {_pct(objective)} over "
+                f"{config.slo_period}). Budget burn rate above {conditions}.",
+            )
+        )
+    return out
+
+
+def slo_alerts(config: Config) -> list[Alert]:
+    """TTFT (prefill) and TPOT (decode) error-budget burn alerts."""
+    return [
+        *_burn_alerts(
+            config, TTFT_BURN, rules.TTFT_ERRORS, "TTFT", "requests", config.ttft_target_s,
+            config.ttft_objective,
+        ),
+        *_burn_alerts(
+            config, TPOT_BURN, rules.TPOT_ERRORS, "TPOT", "streams", config.tpot_target_s,
+            config.tpot_objective,
+        ),
+    ]  # fmt: skip
+
+
+def backend_alerts(config: Config) -> list[Alert]:
+    """Stutter, unattributed stalls, upstream errors, target down, decoder errors."""
+    w = config.rule_window
+    outcomes = " or ".join(config.upstream_error_outcomes)
+    on = "{{ $labels.server_address }} (instance {{ $labels.instance }})"
+    return [
+        _alert(
+            config,
+            PREFILL_STUTTER,
+            f"{rules.record_name(rules.STUTTER_SHARE, w)} > "
+            f"{promql.num(config.stutter_share_threshold)}",
+            config.stall_alert_for,
+            Severity.WARNING,
+            "Prefills freeze the other streams on {{ $labels.server_address }}.",
+            f"Prefills of new requests froze {{{{ $value | humanizePercentage }}}} of all stream "
+            f"time on {on} over {w} (threshold {_pct(config.stutter_share_threshold)}). "
+            "Long prompts are prefilled in one piece while every other stream waits: enable "
+            "chunked prefill, or make the chunk smaller.",
+        ),
+        _alert(
+            config,
+            UNATTRIBUTED_STALLS,
+            f"{rules.record_name(rules.UNATTRIBUTED_SHARE, w)} > "
+            f"{promql.num(config.unattributed_share_threshold)}",
+            config.stall_alert_for,
+            Severity.WARNING,
+            "{{ $labels.server_address }} stalls its streams with no prefill to blame.",
+            "Stalls that no overlapping prefill explains froze "
+            f"{{{{ $value | humanizePercentage }}}} of stream time on {on} over {w} (threshold "
+            f"{_pct(config.unattributed_share_threshold)}). The backend itself hiccups.",
+        ),
+        _alert(
+            config,
+            UPSTREAM_ERRORS,
+            f"{rules.record_name(rules.UPSTREAM_ERRORS, w)} > "
+            f"{promql.num(config.upstream_error_ratio_threshold)}",
+            config.upstream_error_for,
+            Severity.WARNING,
+            "Requests to {{ $labels.server_address }} fail upstream.",
+            f"{{{{ $value | humanizePercentage }}}} of requests to {on} ended in {outcomes} "
+            f"over {w} (threshold {_pct(config.upstream_error_ratio_threshold)}).",
+        ),
+        _alert(
+            config,
+            TARGET_DOWN,
+            f"up{rules.sel(config)} == 0",
+            config.target_down_for,
+            Severity.CRITICAL,
+            "Prometheus cannot scrape tokenstamp at {{ $labels.instance }}.",
+            f"{{{{ $labels.job }}}}/{{{{ $labels.instance }}}} has been down for "
+            f"{config.target_down_for}: no latency, stall or SLO data comes from it, so the "
+            "other tokenstamp alerts cannot fire for its backends.",
+        ),
+        _alert(
+            config,
+            DECODER_ERRORS,
+            f"{rules.record_name(rules.DECODER_ERRORS, w)} > 0",
+            config.decoder_error_for,
+            Severity.WARNING,
+            "tokenstamp cannot decode some stream events from {{ $labels.server_address }}.",
+            f'{{{{ printf "%.3g" $value }}}} undecodable events per second from {on}, for '
+            f"{config.decoder_error_for}. The bytes still reach the clients, but those events "
+            "are not timed: TTFT, gaps and stalls are incomplete.",
+        ),
+    ]
+
+
+def alert_groups(config: Config) -> list[dict[str, Any]]:
+    """The rule groups of the alerts file."""
+    return [
+        {"name": "tokenstamp.slo.alerts", "rules": slo_alerts(config)},
+        {"name": "tokenstamp.alerts", "rules": backend_alerts(config)},
+    ]

@@ -1,0 +1,109 @@
+"""Prometheus recording rules: what the dashboards and the alerts share.
+
+Names follow ``level:metric:operations``. Two levels:
+
+- ``instance_server_address``: per proxy instance and backend (``job`` kept),
+  for what happens on one machine: stalls, stutter, errors, decoder errors;
+- ``server_address``: per backend across proxy replicas (``job`` kept), for
+  the SLOs, which belong to the service, not to one replica.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dashboards import promql
+from dashboards.config import Config
+from exporters import names
+
+#: Labels kept by the per-instance rules.
+INSTANCE_LEVEL: tuple[str, ...] = ("job", "instance", "server_address")
+#: Labels kept by the SLO rules.
+SLO_LEVEL: tuple[str, ...] = ("job", "server_address")
+
+STALL_CAUSE = names.label_name(names.STALL_CAUSE)
+OUTCOME = names.label_name(names.OUTCOME)
+
+STREAMS_AVG = "instance_server_address:tokenstamp_streams_active:avg_over_time{w}"
+STUTTER_RATE = "instance_server_address:tokenstamp_prefill_stutter_cost_seconds:rate{w}"
+STUTTER_SHARE = "instance_server_address:tokenstamp_prefill_stutter_cost_per_stream:ratio_rate{w}"
+UNATTRIBUTED_RATE = "instance_server_address:tokenstamp_unattributed_stall_seconds:rate{w}"
+UNATTRIBUTED_SHARE = (
+    "instance_server_address:tokenstamp_unattributed_stall_seconds_per_stream:ratio_rate{w}"
+)
+UPSTREAM_ERRORS = "instance_server_address:tokenstamp_requests_upstream_errors:ratio_rate{w}"
+DECODER_ERRORS = "instance_server_address:tokenstamp_decoder_errors:rate{w}"
+TTFT_ERRORS = "server_address:tokenstamp_ttft_slo_errors_per_request:ratio_rate{w}"
+TPOT_ERRORS = "server_address:tokenstamp_tpot_slo_errors_per_request:ratio_rate{w}"
+
+Rule = dict[str, Any]
+Group = dict[str, Any]
+
+
+def record_name(template: str, window: str) -> str:
+    """A recording rule's name for one rate window."""
+    return template.format(w=window)
+
+
+def sel(config: Config, *extra: str) -> str:
+    """The proxy's selector plus extra matchers, in braces."""
+    return promql.matchers(config.selector, *extra)
+
+
+def _rule(name: str, expr: str) -> Rule:
+    return {"record": name, "expr": expr}
+
+
+def backend_rules(config: Config) -> list[Rule]:
+    """Per instance and backend: stutter and stall shares, upstream errors, decoder errors."""
+    w = config.rule_window
+    s = sel(config)
+    by = INSTANCE_LEVEL
+    streams = record_name(STREAMS_AVG, w)
+    stutter = record_name(STUTTER_RATE, w)
+    unattributed = record_name(UNATTRIBUTED_RATE, w)
+    # A stream-second frozen per stream-second: the share of all output time lost.
+    # clamp_min: short streams between scrapes can leave the gauge at 0.
+    per_stream = f"\n/\nclamp_min({streams}, 1)"
+    unattr_sel = sel(config, f'{STALL_CAUSE}="unattributed"')
+    outcomes = "|".join(config.upstream_error_outcomes)
+    err_sel = sel(config, f'{OUTCOME}=~"{outcomes}"')
+    return [
+        _rule(
+            streams,
+            f"sum{promql.by(by)} (avg_over_time({names.STREAMS_ACTIVE.prom_series}{s}[{w}]))",
+        ),
+        _rule(stutter, promql.counter_rate(names.STUTTER_COST, s, w, by)),
+        _rule(record_name(STUTTER_SHARE, w), stutter + per_stream),
+        _rule(unattributed, promql.hist_rate(names.STALL_DURATION, "sum", unattr_sel, w, by)),
+        _rule(record_name(UNATTRIBUTED_SHARE, w), unattributed + per_stream),
+        _rule(
+            record_name(UPSTREAM_ERRORS, w),
+            promql.counter_rate(names.REQUESTS, err_sel, w, by)
+            + "\n/\n"
+            + promql.counter_rate(names.REQUESTS, s, w, by),
+        ),
+        _rule(record_name(DECODER_ERRORS, w), promql.counter_rate(names.DECODER_ERRORS, s, w, by)),
+    ]
+
+
+def slo_rules(config: Config) -> list[Rule]:
+    """Per backend and burn-rate window: share of requests that missed each SLO target."""
+    s = sel(config)
+    out: list[Rule] = []
+    for template, inst, target in (
+        (TTFT_ERRORS, names.TTFT, config.ttft_target_s),
+        (TPOT_ERRORS, names.TPOT, config.tpot_target_s),
+    ):
+        for w in config.windows:
+            expr = promql.share_above(inst, target, s, w, SLO_LEVEL)
+            out.append(_rule(record_name(template, w), expr))
+    return out
+
+
+def recording_groups(config: Config) -> list[Group]:
+    """The rule groups of the recording-rules file."""
+    return [
+        {"name": "tokenstamp.backend.rules", "rules": backend_rules(config)},
+        {"name": "tokenstamp.slo.rules", "rules": slo_rules(config)},
+    ]

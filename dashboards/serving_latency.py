@@ -1,0 +1,207 @@
+"""The "Serving latency" dashboard: prefill (TTFT) and decode (TPOT, gaps) apart.
+
+Latency percentiles per backend, the distributions behind them, what share of
+a request is decode, outcomes, throughput, goodput and SLO burn. Variables:
+data source, backend (``server_address``), model (``gen_ai_request_model``).
+"""
+
+from __future__ import annotations
+
+from dashboards import promql, rules
+from dashboards.config import Config
+from dashboards.grafana import (
+    Json,
+    Layout,
+    Phase,
+    Query,
+    dashboard,
+    datasource_variable,
+    heatmap,
+    line_at,
+    query_variable,
+    stat,
+    thresholds,
+    timeseries,
+)
+from exporters import names
+
+UID = "tokenstamp-serving-latency"
+BACKEND = names.label_name(names.SERVER_ADDRESS)
+MODEL = names.label_name(names.REQUEST_MODEL)
+QUANTILES = (0.5, 0.9, 0.99)
+RI = promql.RATE_INTERVAL
+
+
+def _percentiles(inst: names.Instrument, sel: str) -> list[Query]:
+    return [
+        Query(promql.quantile(q, inst, sel, RI, (BACKEND,)), f"p{q * 100:g} {{{{{BACKEND}}}}}")
+        for q in QUANTILES
+    ]
+
+
+def _buckets(inst: names.Instrument, sel: str) -> Query:
+    expr = f"sum by (le) (increase({inst.prom_name}_bucket{sel}[{RI}]))"
+    return Query(expr, "{{le}}", heatmap=True)
+
+
+def _burn(config: Config, template: str, objective: float, what: str) -> Json:
+    budget = promql.num(1 - objective)
+    sel = promql.matchers(f'{BACKEND}=~"$backend"')
+    longs = sorted({w.long for w in config.burn_windows}, key=config.windows.index)[:2]
+    steps = sorted({w.factor for w in config.burn_windows})
+    colors = ("yellow", "orange", "red", "dark-red")
+    return timeseries(
+        f"{what} SLO burn rate",
+        f"How fast {what} misses spend the error budget (1 = exactly on budget for "
+        f"{config.slo_period}); the alert fires above the drawn lines, not filtered by model.",
+        Phase.PREFILL if what == "TTFT" else Phase.DECODE,
+        [
+            Query(f"{rules.record_name(template, w)}{sel} / {budget}", f"{w} {{{{{BACKEND}}}}}")
+            for w in longs
+        ],
+        "none",
+        threshold=thresholds(
+            ("green", None), *((colors[min(i, 3)], f) for i, f in enumerate(steps))
+        ),
+    )
+
+
+def build(config: Config) -> Json:
+    """The dashboard JSON model."""
+    s = rules.sel(config, f'{BACKEND}=~"$backend"', f'{MODEL}=~"$model"')
+    out_tokens = rules.sel(
+        config, f'{BACKEND}=~"$backend"', f'{MODEL}=~"$model"',
+        f'{names.label_name(names.TOKEN_TYPE)}="output"',
+    )  # fmt: skip
+    met = rules.sel(
+        config, f'{BACKEND}=~"$backend"', f'{MODEL}=~"$model"',
+        f'{names.label_name(names.SLO)}="met"',
+    )  # fmt: skip
+    slo = names.SLO_REQUESTS
+    goodput = f"{promql.counter_rate(slo, met, RI)}\n/\n{promql.counter_rate(slo, s, RI)}"
+    goodput_by = (
+        f"{promql.counter_rate(slo, met, RI, (BACKEND,))}\n/\n"
+        f"{promql.counter_rate(slo, s, RI, (BACKEND,))}"
+    )
+    active = f"sum({names.STREAMS_ACTIVE.prom_series}{s})"
+    tokens = promql.hist_rate(names.TOKEN_USAGE, "sum", out_tokens, RI)
+    tokens_by = promql.hist_rate(names.TOKEN_USAGE, "sum", out_tokens, RI, (BACKEND,))
+    ttft_sum = promql.hist_rate(names.TTFT, "sum", s, RI, (BACKEND,))
+    duration_sum = promql.hist_rate(names.DURATION, "sum", s, RI, (BACKEND,))
+    outcome = names.label_name(names.OUTCOME)
+    status = names.label_name(names.STATUS_CODE)
+    backend_only = promql.matchers(f'{BACKEND}=~"$backend"')
+    w = config.rule_window
+
+    lay = Layout()
+    lay.row("Overview")
+    lay.add(stat("Goodput", "Share of finished streams that met both the TTFT and the TPOT "
+                 "target.", Phase.BOTH, Query(goodput), "percentunit",
+                 thresholds(("red", None), ("orange", 0.9), ("green", 0.99))), 6, 5)  # fmt: skip
+    lay.add(stat("Active streams", "Requests being answered right now, waiting for their first "
+                 "token or streaming.", Phase.BOTH, Query(active), "short"), 6, 5)  # fmt: skip
+    lay.add(stat("Requests per second", "Finished requests per second, any outcome.",
+                 Phase.BOTH, Query(promql.counter_rate(names.REQUESTS, s, RI)), "reqps"),
+            6, 5)  # fmt: skip
+    lay.add(stat("Output tokens per second", "Output tokens per second, counted from usage when "
+                 "each request finishes.", Phase.DECODE, Query(tokens), "short"), 6, 5)  # fmt: skip
+
+    lay.row("Prefill: time to first token")
+    lay.add(timeseries("TTFT p50 / p90 / p99", "Time from arrival at the proxy to the first "
+                       "output token; the dashed line is the SLO target.", Phase.PREFILL,
+                       _percentiles(names.TTFT, s), "s",
+                       threshold=line_at(config.ttft_target_s)), 12)  # fmt: skip
+    lay.add(heatmap("TTFT distribution", "Requests per TTFT bucket over time: a second band "
+                    "means a second population (cache hits, long prompts, queueing).",
+                    Phase.PREFILL, _buckets(names.TTFT, s), "s"), 12)  # fmt: skip
+    lay.add(timeseries(
+        "TTFT by prefix cache", "Median and p90 TTFT of requests whose prompt prefix was "
+        "cached (hit), not cached (miss) or not reported (unknown).", Phase.PREFILL,
+        [Query(promql.quantile(q, names.TTFT, s, RI, (names.label_name(names.PREFIX_CACHE),)),
+               f"p{q * 100:g} {{{{tokenstamp_prefix_cache}}}}") for q in (0.5, 0.9)],
+        "s"), 12)  # fmt: skip
+    lay.add(timeseries(
+        "TTFT SLO misses", "Share of requests whose first token came later than the TTFT "
+        "target.", Phase.PREFILL,
+        [Query(promql.share_above(names.TTFT, config.ttft_target_s, s, RI, (BACKEND,)),
+               f"{{{{{BACKEND}}}}}")],
+        "percentunit", threshold=line_at(1 - config.ttft_objective), maximum=1), 12)  # fmt: skip
+
+    lay.row("Decode: time per output token and gaps")
+    lay.add(timeseries("TPOT p50 / p90 / p99", "Per finished stream: (last token - first token) "
+                       "/ (tokens - 1); the dashed line is the SLO target.", Phase.DECODE,
+                       _percentiles(names.TPOT, s), "s",
+                       threshold=line_at(config.tpot_target_s)), 12)  # fmt: skip
+    lay.add(heatmap("Inter-token gap", "Every gap between two consecutive output events of a "
+                    "stream; stalls show as a band far above the decode step.", Phase.DECODE,
+                    _buckets(names.GAP, s), "s"), 12)  # fmt: skip
+    lay.add(timeseries("Worst gap per stream", "Percentiles of each finished stream's single "
+                       "longest gap: the stutter a reader saw.", Phase.DECODE,
+                       _percentiles(names.MAX_GAP, s), "s",
+                       threshold=line_at(config.worst_gap_threshold_s, "orange")), 12)  # fmt: skip
+    lay.add(timeseries("Output tokens per second", "Output tokens per second per backend, "
+                       "counted from usage when each request finishes.", Phase.DECODE,
+                       [Query(tokens_by, f"{{{{{BACKEND}}}}}")], "short"), 12)  # fmt: skip
+
+    lay.row("Requests")
+    lay.add(timeseries("Request duration p50 / p90 / p99", "Arrival at the proxy to the end "
+                       "of the response, any outcome.", Phase.BOTH,
+                       _percentiles(names.DURATION, s), "s"), 8)  # fmt: skip
+    lay.add(timeseries("Decode share of request time", "1 - total TTFT / total duration: the "
+                       "part of the time users spend reading tokens as they arrive.", Phase.BOTH,
+                       [Query(f"1 - (\n{ttft_sum}\n/\n{duration_sum}\n)", f"{{{{{BACKEND}}}}}")],
+                       "percentunit", maximum=1), 8)  # fmt: skip
+    lay.add(timeseries("Requests by outcome", "Finished requests per second by outcome and "
+                       "HTTP status class.", Phase.BOTH,
+                       [Query(promql.counter_rate(names.REQUESTS, s, RI, (outcome, status)),
+                              f"{{{{{outcome}}}}} {{{{{status}}}}}")],
+                       "reqps", stack=True), 8)  # fmt: skip
+    lay.add(timeseries("Active streams", "Requests in flight per backend: waiting for the "
+                       "first token or streaming.", Phase.BOTH,
+                       [Query(f"sum by ({BACKEND}) ({names.STREAMS_ACTIVE.prom_series}{s})",
+                              f"{{{{{BACKEND}}}}}")], "short"), 8)  # fmt: skip
+    lay.add(timeseries("Upstream error ratio", f"Share of requests ending in "
+                       f"{' or '.join(config.upstream_error_outcomes)} over {w} (alert input, "
+                       "not filtered by model).", Phase.BOTH,
+                       [Query(f"{rules.record_name(rules.UPSTREAM_ERRORS, w)}{backend_only}",
+                              "{{server_address}} {{instance}}")], "percentunit",
+                       threshold=line_at(config.upstream_error_ratio_threshold)), 8)  # fmt: skip
+    lay.add(timeseries("Decoder errors", f"Upstream events per second that could not be "
+                       f"decoded over {w}: skipped and untimed, the bytes still flowed.",
+                       Phase.BOTH,
+                       [Query(f"{rules.record_name(rules.DECODER_ERRORS, w)}{backend_only}",
+                              "{{server_address}} {{instance}}")], "short"), 8)  # fmt: skip
+
+    lay.row("SLO")
+    lay.add(timeseries("Goodput per backend", "Share of finished streams that met both the "
+                       "TTFT and the TPOT target.", Phase.BOTH,
+                       [Query(goodput_by, f"{{{{{BACKEND}}}}}")], "percentunit",
+                       maximum=1), 8)  # fmt: skip
+    lay.add(_burn(config, rules.TTFT_ERRORS, config.ttft_objective, "TTFT"), 8)
+    lay.add(_burn(config, rules.TPOT_ERRORS, config.tpot_objective, "TPOT"), 8)
+
+    has_backend = f'{BACKEND}=~"$backend"'
+    return dashboard(
+        uid=UID,
+        title="tokenstamp / Serving latency",
+        description="Prefill (time to first token) and decode (time per output token, every "
+        "inter-token gap) measured apart, per backend and model.",
+        tags=config.dashboard_tags,
+        refresh=config.dashboard_refresh,
+        time_from=config.dashboard_time_from,
+        panels=lay.panels,
+        variables=[
+            datasource_variable(),
+            query_variable(
+                "backend",
+                "Backend",
+                f"label_values({names.REQUESTS.prom_series}{rules.sel(config)}, {BACKEND})",
+            ),
+            query_variable(
+                "model",
+                "Model",
+                f"label_values({names.REQUESTS.prom_series}{rules.sel(config, has_backend)}, "
+                f"{MODEL})",
+            ),
+        ],
+    )

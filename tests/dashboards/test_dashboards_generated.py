@@ -1,0 +1,169 @@
+"""The committed files are what the generator makes, and the dashboards are well formed."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dashboards import build, promql, rules
+from dashboards.config import BurnWindow, Config, Severity
+from dashboards.grafana import GRID_WIDTH, Phase
+from exporters import names
+
+ROOT = Path(__file__).resolve().parents[2]
+DASHBOARDS = ROOT / "dashboards"
+
+
+def test_regenerate_and_diff(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "dashboards.build", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    generated = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.*"))
+    assert generated == sorted(build.render(Config()))
+    for rel in generated:
+        fresh = (tmp_path / rel).read_text(encoding="utf-8")
+        committed = (DASHBOARDS / rel).read_text(encoding="utf-8")
+        assert fresh == committed, f"{rel} is stale: run `python -m dashboards.build`"
+
+
+def test_check_mode_reports_stale_files(tmp_path):
+    build.write(Config(), tmp_path)
+    assert build.main(["--check", "--out", str(tmp_path)]) == 0
+    stale = tmp_path / build.ALERTS_FILE
+    stale.write_text(stale.read_text(encoding="utf-8").replace("0.05", "0.5"), encoding="utf-8")
+    assert build.main(["--check", "--out", str(tmp_path)]) == 1
+
+
+def _dashboards() -> dict[str, dict[str, Any]]:
+    return {
+        p.name: json.loads(p.read_text(encoding="utf-8"))
+        for p in sorted((DASHBOARDS / "grafana").glob("*.json"))
+    }
+
+
+def _panels(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return [p for p in doc["panels"] if p["type"] != "row"]
+
+
+@pytest.mark.parametrize("name", sorted(_dashboards()))
+def test_every_panel_says_what_and_which_phase(name):
+    doc = _dashboards()[name]
+    phases = {f"Phase: {p}." for p in Phase}
+    for panel in _panels(doc):
+        description = panel["description"]
+        assert "\n" not in description, panel["title"]
+        assert any(description.endswith(p) for p in phases), panel["title"]
+        assert len(description) > len("Phase: decode.") + 20, panel["title"]
+
+
+@pytest.mark.parametrize("name", sorted(_dashboards()))
+def test_layout_ids_and_datasource(name):
+    doc = _dashboards()[name]
+    ids = [p["id"] for p in doc["panels"]]
+    assert len(ids) == len(set(ids))
+    cells = set()
+    for panel in doc["panels"]:
+        pos = panel["gridPos"]
+        assert pos["x"] + pos["w"] <= GRID_WIDTH, panel["title"]
+        for x in range(pos["x"], pos["x"] + pos["w"]):
+            for y in range(pos["y"], pos["y"] + pos["h"]):
+                assert (x, y) not in cells, f"{panel['title']} overlaps another panel"
+                cells.add((x, y))
+    for panel in _panels(doc):
+        assert panel["datasource"]["uid"] == "${datasource}"
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            assert target["datasource"]["uid"] == "${datasource}"
+    variables = [v["name"] for v in doc["templating"]["list"]]
+    assert variables[:2] == ["datasource", "backend"]
+
+
+def test_serving_latency_variables_and_panels():
+    doc = _dashboards()["tokenstamp-serving-latency.json"]
+    assert [v["name"] for v in doc["templating"]["list"]] == ["datasource", "backend", "model"]
+    exprs = "\n".join(t["expr"] for p in _panels(doc) for t in p["targets"])
+    for inst in (names.TTFT, names.TPOT, names.GAP, names.MAX_GAP, names.DURATION):
+        assert inst.prom_name in exprs, inst.name
+    for series in ("tokenstamp_requests_total", "tokenstamp_streams_active",
+                   "tokenstamp_requests_slo_total", "gen_ai_client_token_usage_sum"):  # fmt: skip
+        assert series in exprs
+    assert 'server_address=~"$backend"' in exprs
+    assert 'gen_ai_request_model=~"$model"' in exprs
+    assert "tokenstamp_prefix_cache" in exprs
+    assert {p["type"] for p in _panels(doc)} == {"stat", "timeseries", "heatmap"}
+
+
+def test_prefill_stutter_thresholds_and_annotations():
+    config = Config()
+    doc = _dashboards()["tokenstamp-prefill-stutter.json"]
+    lines = {
+        step["value"]
+        for p in _panels(doc)
+        for step in p["fieldConfig"]["defaults"].get("thresholds", {}).get("steps", [])
+        if step["value"] is not None
+    }
+    assert config.stutter_share_threshold in lines
+    assert config.unattributed_share_threshold in lines
+    bursts = [a for a in doc["annotations"]["list"] if "expr" in a]
+    assert len(bursts) == 1
+    assert names.STUTTER_COST.prom_series in bursts[0]["expr"]
+    titles = " ".join(p["title"] for p in _panels(doc))
+    assert "TTFT next to prefill stall rate" in titles
+
+
+def test_rate_le_is_exact_on_a_bucket_and_interpolates_between():
+    sel = promql.matchers('job="t"')
+    exact = promql.rate_le(names.TPOT, 0.1, sel, "5m")
+    assert 'le="0.1"' in exact
+    assert "*" not in exact
+    between = promql.rate_le(names.TTFT, 2.0, sel, "5m")
+    assert 'le=~"1(\\\\.0)?"' in between
+    assert 'le="2.5"' in between
+    assert "* 0.333333" in between
+    assert "* 0.666667" in between
+    below = promql.rate_le(names.TTFT, 0.0005, sel, "5m")
+    assert 'le="0.001"' in below
+    assert "* 0.5" in below
+
+
+def test_slo_rules_follow_the_config():
+    config = Config(
+        ttft_target_s=2.5, burn_windows=(BurnWindow("2h", "10m", 10, Severity.CRITICAL),)
+    )
+    records = [r["record"] for r in rules.slo_rules(config)]
+    assert records == [
+        rules.record_name(rules.TTFT_ERRORS, "10m"),
+        rules.record_name(rules.TTFT_ERRORS, "2h"),
+        rules.record_name(rules.TPOT_ERRORS, "10m"),
+        rules.record_name(rules.TPOT_ERRORS, "2h"),
+    ]
+    assert 'le="2.5"' in rules.slo_rules(config)[0]["expr"]
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        ({"ttft_objective": 1.0}, "ttft_objective"),
+        ({"tpot_target_s": 10.0}, "tpot_target_s"),
+        ({"worst_gap_threshold_s": 0.0}, "worst_gap_threshold_s"),
+        ({"selector": '{job="x"}'}, "selector"),
+        ({"rule_window": "5 minutes"}, "rule_window"),
+        ({"burn_windows": (BurnWindow("5m", "1h", 2, Severity.WARNING),)}, "burn_windows[0]"),
+        ({"runbook_url": "https://x/runbook.md#a"}, "runbook_url"),
+    ],
+)
+def test_config_rejects_bad_values_naming_the_key(change, key):
+    with pytest.raises(ValueError, match=rf"^Config\.{re.escape(key)}: "):
+        replace(Config(), **change)

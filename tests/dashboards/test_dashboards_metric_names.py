@@ -1,0 +1,197 @@
+"""Every metric a dashboard or rule names is one the proxy exposes (or a recording rule)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from exporters.names import prometheus_series_names
+
+DASHBOARDS = Path(__file__).resolve().parents[2] / "dashboards"
+DASHBOARD_FILES = sorted((DASHBOARDS / "grafana").glob("*.json"))
+RULE_FILES = sorted((DASHBOARDS / "prometheus").glob("*.yaml"))
+
+#: Series Prometheus itself writes for every target.
+PROMETHEUS_SERIES = frozenset({"up"})
+AGGREGATIONS = frozenset(
+    [
+        "sum",
+        "min",
+        "max",
+        "avg",
+        "group",
+        "stddev",
+        "stdvar",
+        "count",
+        "count_values",
+        "bottomk",
+        "topk",
+        "quantile",
+    ]
+)
+FUNCTIONS = frozenset(
+    {
+        "abs",
+        "absent",
+        "absent_over_time",
+        "avg_over_time",
+        "ceil",
+        "changes",
+        "clamp",
+        "clamp_max",
+        "clamp_min",
+        "count_over_time",
+        "day_of_month",
+        "day_of_week",
+        "delta",
+        "deriv",
+        "exp",
+        "floor",
+        "histogram_quantile",
+        "holt_winters",
+        "idelta",
+        "increase",
+        "irate",
+        "label_join",
+        "label_replace",
+        "last_over_time",
+        "ln",
+        "log2",
+        "log10",
+        "max_over_time",
+        "min_over_time",
+        "predict_linear",
+        "quantile_over_time",
+        "rate",
+        "resets",
+        "round",
+        "scalar",
+        "sgn",
+        "sort",
+        "sort_desc",
+        "sqrt",
+        "stddev_over_time",
+        "stdvar_over_time",
+        "sum_over_time",
+        "time",
+        "timestamp",
+        "vector",
+    }
+)
+KEYWORDS = frozenset(
+    [
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+        "bool",
+        "and",
+        "or",
+        "unless",
+        "offset",
+        "inf",
+        "nan",
+    ]
+)
+_STRING = re.compile(r'"(?:\\.|[^"\\])*"|\'(?:\\.|[^\'\\])*\'|`[^`]*`')
+_GROUPING = re.compile(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)")
+_TOKEN = re.compile(
+    r"(?P<num>(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?[a-z]*)"
+    r"|(?P<ident>[A-Za-z_:][A-Za-z0-9_:]*)(?P<call>\s*\()?"
+)
+_LABEL_VALUES = re.compile(r"^label_values\((?P<expr>.*),\s*(?P<label>\w+)\)$", re.DOTALL)
+
+
+def metric_names(expr: str) -> set[str]:
+    """Metric names in a PromQL expression; raises on an unknown function."""
+    text = _STRING.sub('""', expr)
+    text = re.sub(r"\{[^}]*\}", "{}", text)
+    text = re.sub(r"\[[^\]]*\]", "[]", text)
+    text = _GROUPING.sub(r"\1 ()", text)
+    text = re.sub(r"\$\{?\w+(?::\w+)?\}?", "", text)
+    names = set()
+    for m in _TOKEN.finditer(text):
+        ident = m.group("ident")
+        if ident is None or ident in KEYWORDS:
+            continue
+        if m.group("call") or ident in AGGREGATIONS:
+            if ident not in FUNCTIONS | AGGREGATIONS:
+                raise ValueError(f"unknown PromQL function {ident!r} in {expr!r}")
+            continue
+        names.add(ident)
+    return names
+
+
+def test_metric_names_parser():
+    expr = (
+        'histogram_quantile(0.99, sum by (le, server_address) (rate(a_bucket{le=~"1(\\\\.0)?",'
+        ' x="sum(y)"}[$__rate_interval]))) / on (job) group_left (instance) b_total offset 5m'
+        " > bool 1e-3 and c:d:e"
+    )
+    assert metric_names(expr) == {"a_bucket", "b_total", "c:d:e"}
+    with pytest.raises(ValueError, match="histogram_quantil"):
+        metric_names("histogram_quantil(0.9, x)")
+
+
+def _dashboard_exprs(path: Path) -> list[str]:
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    exprs = [t["expr"] for p in doc["panels"] for t in p.get("targets", [])]
+    exprs += [a["expr"] for a in doc["annotations"]["list"] if "expr" in a]
+    for var in doc["templating"]["list"]:
+        if var["type"] == "query":
+            m = _LABEL_VALUES.match(var["query"])
+            assert m, var["query"]
+            exprs.append(m.group("expr"))
+    return exprs
+
+
+def _rules() -> list[dict[str, Any]]:
+    out = []
+    for path in RULE_FILES:
+        for group in yaml.safe_load(path.read_text(encoding="utf-8"))["groups"]:
+            out.extend(group["rules"])
+    return out
+
+
+def _known() -> frozenset[str]:
+    records = {r["record"] for r in _rules() if "record" in r}
+    return prometheus_series_names() | records | PROMETHEUS_SERIES
+
+
+def _names_in(exprs: list[str]) -> set[str]:
+    return set().union(*(metric_names(e) for e in exprs))
+
+
+@pytest.mark.parametrize("path", DASHBOARD_FILES, ids=lambda p: p.name)
+def test_dashboard_metrics_exist(path):
+    used = _names_in(_dashboard_exprs(path))
+    assert used, "no metric found: the parser is broken"
+    assert used <= _known(), f"unknown metrics: {sorted(used - _known())}"
+
+
+def test_rule_metrics_exist():
+    used = _names_in([r["expr"] for r in _rules()])
+    assert used <= _known(), f"unknown metrics: {sorted(used - _known())}"
+    # The rules read the exporter's series, not only each other.
+    assert used & prometheus_series_names()
+
+
+def test_a_misspelt_metric_would_be_caught(tmp_path):
+    path = DASHBOARD_FILES[0]
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    target = next(t for p in doc["panels"] for t in p.get("targets", []))
+    target["expr"] = (
+        target["expr"]
+        .replace("tokenstamp_", "tokenstamp_typo_", 1)
+        .replace("gen_ai_", "gen_ai_typo_", 1)
+    )
+    broken = tmp_path / path.name
+    broken.write_text(json.dumps(doc), encoding="utf-8")
+    assert not _names_in(_dashboard_exprs(broken)) <= _known()
