@@ -2,9 +2,9 @@
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-APT_PACKAGES := prometheus
+APT_PACKAGES := prometheus nodejs npm
 
-.PHONY: demo test install install-test deps-system lint fmt typecheck bench clean
+.PHONY: demo test install install-test deps-system lint fmt bench clean dashboards chart-sync
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -19,7 +19,8 @@ demo: install
 
 ## System packages the tests need (prometheus server and promtool).
 deps-system:
-	@if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then \
+	@if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1 \
+		|| ! command -v npm >/dev/null 2>&1; then \
 		if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi; \
 		$$SUDO apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $(APT_PACKAGES); \
@@ -39,6 +40,14 @@ test: install-test lint
 
 bench: install
 	$(BIN)/tokenstamp bench
+
+## Regenerate dashboards and rules from dashboards/config.py, then copy them into the chart.
+dashboards: install-test
+	$(BIN)/python -m dashboards.build
+	$(BIN)/python scripts/sync_chart.py
+
+chart-sync: install-test
+	$(BIN)/python scripts/sync_chart.py
 
 fmt:
 	$(BIN)/ruff format .
