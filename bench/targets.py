@@ -1,0 +1,132 @@
+"""Benchmark targets: named command lines (plus environment) that run a proxy to measure.
+
+A target is started as its own process on free loopback ports; the load runs
+against its ``listen`` address and its CPU time is read from the process the
+command starts (so the command must exec the server itself, not a shell that
+forks it). ``direct`` is the backend itself: no process, no CPU column.
+
+Placeholders in a command: ``{python}`` (this interpreter), ``{upstream}`` (the
+backend's base URL), ``{listen}`` and ``{admin}`` (``127.0.0.1:PORT``),
+``{port}`` and ``{admin_port}`` (just the numbers).
+
+More targets are added by name here (e.g. tokenstamp with stall detection or
+tracing on or off: the same command with other flags or environment), or at
+run time with ``--define 'NAME=[VAR=VALUE ...] COMMAND ...'``.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+DIRECT = "direct"
+"""Name of the target that is the backend itself."""
+PASSTHROUGH = "passthrough"
+"""Name of the bare pass-through target, the CPU baseline."""
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,39}$")
+_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+
+
+class TargetError(ValueError):
+    """A target name or definition is invalid; the message says which and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class TargetSpec:
+    """One thing to benchmark."""
+
+    name: str
+    """Short name used in ``--targets`` and in the table."""
+    argv: tuple[str, ...]
+    """Command line with placeholders; empty for ``direct``."""
+    env: tuple[tuple[str, str], ...] = ()
+    """Environment variables added to the inherited environment."""
+    description: str = ""
+    """One line for ``--help`` and the report."""
+
+    @property
+    def is_direct(self) -> bool:
+        """No process: the load goes straight to the backend."""
+        return not self.argv
+
+    def command(self, values: Mapping[str, str]) -> list[str]:
+        """The command line with every placeholder filled in."""
+        try:
+            return [arg.format_map(values) for arg in self.argv]
+        except (KeyError, IndexError, ValueError) as exc:
+            raise TargetError(f"target {self.name}: bad placeholder in command: {exc}") from None
+
+
+BUILTIN_TARGETS: tuple[TargetSpec, ...] = (
+    TargetSpec(DIRECT, (), description="the backend itself, no proxy"),
+    TargetSpec(
+        PASSTHROUGH,
+        ("{python}", "-m", "bench.passthrough", "--upstream", "{upstream}", "--listen", "{listen}"),
+        description="bare aiohttp pass-through (readany/write, no observation)",
+    ),
+    TargetSpec(
+        "tokenstamp",
+        (
+            "{python}",
+            "-m",
+            "proxy.cli",
+            "serve",
+            "--upstream",
+            "{upstream}",
+            "--listen",
+            "{listen}",
+            "--admin",
+            "{admin}",
+            "--log-level",
+            "warning",
+        ),
+        description="tokenstamp serve with its defaults",
+    ),
+)
+"""Targets known by name."""
+
+DEFAULT_TARGETS = (DIRECT, PASSTHROUGH, "tokenstamp")
+"""What ``tokenstamp bench`` runs without ``--targets``."""
+
+
+def parse_define(text: str) -> TargetSpec:
+    """``NAME=[VAR=VALUE ...] COMMAND ARGS...`` (shell quoting) into a target."""
+    name, sep, rest = text.partition("=")
+    name = name.strip()
+    if not sep or not _NAME_RE.match(name):
+        raise TargetError(f"--define: expected NAME=COMMAND with a short name, got {text!r}")
+    try:
+        words = shlex.split(rest)
+    except ValueError as exc:
+        raise TargetError(f"--define {name}: {exc}") from None
+    env: list[tuple[str, str]] = []
+    while words and _ENV_RE.match(words[0]):
+        key, _, value = words.pop(0).partition("=")
+        env.append((key, value))
+    if not words:
+        raise TargetError(f"--define {name}: no command given")
+    if name == DIRECT:
+        raise TargetError(f"--define: {DIRECT!r} is reserved for the backend itself")
+    return TargetSpec(name, tuple(words), tuple(env), description="defined on the command line")
+
+
+def select_targets(names: str, defined: Sequence[TargetSpec] = ()) -> tuple[TargetSpec, ...]:
+    """The targets named in a comma-separated list, in that order; definitions win over builtins."""
+    known = {t.name: t for t in BUILTIN_TARGETS}
+    known.update({t.name: t for t in defined})
+    chosen: list[TargetSpec] = []
+    for raw in names.split(","):
+        name = raw.strip()
+        if not name:
+            continue
+        if name not in known:
+            raise TargetError(f"--targets: unknown target {name!r} (known: {', '.join(known)})")
+        if any(t.name == name for t in chosen):
+            raise TargetError(f"--targets: {name!r} named twice")
+        chosen.append(known[name])
+    if not chosen:
+        raise TargetError("--targets: name at least one target")
+    return tuple(chosen)
