@@ -8,12 +8,12 @@ slows the upstream read of its own stream only, and memory stays bounded.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
+from orjson import loads
 
 from proxy.decoders.openai import ChunkInfo, interpret, interpret_object
 from proxy.decoders.sse import SseDecoder
@@ -87,12 +87,14 @@ async def relay_sse(
             except ConnectionError:
                 return _disconnected(resp)
             events = decoder.feed(chunk)
-            infos: list[ChunkInfo | None] = [interpret(ev.data) for ev in events]
+            known = bool(timer.response_id)
+            infos: list[ChunkInfo | None] = [interpret(ev.data, known_ids=known) for ev in events]
         else:
             events = decoder.feed(chunk)
             infos = []
+            known = bool(timer.response_id)
             for ev in events:
-                info = interpret(ev.data)
+                info = interpret(ev.data, known_ids=known)
                 infos.append(info)
                 if info is not None and info.usage_only:
                     cutter.cut(ev.start_offset, ev.end_offset, ev.open_cr)
@@ -169,7 +171,7 @@ async def relay_json(
 
 def _body_info(body: bytes) -> ChunkInfo | None:
     try:
-        obj = json.loads(body)
+        obj = loads(body)
     except ValueError:
         return None
     return interpret_object(obj) if isinstance(obj, dict) else None

@@ -12,9 +12,10 @@ Pure: no I/O, never raises on bad data (returns ``None`` for "not decodable").
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
+
+from orjson import loads
 
 DONE = "[DONE]"
 
@@ -54,6 +55,7 @@ class ChunkInfo:
 
 
 _NOT_OUTPUT = ChunkInfo(output=False)
+_OUTPUT = ChunkInfo(output=True)
 _DONE = ChunkInfo(output=False, done=True)
 
 
@@ -91,20 +93,25 @@ def _choice_output(choice: dict[str, Any]) -> bool:
     return isinstance(calls, list) and bool(calls)
 
 
-def interpret(data: str) -> ChunkInfo | None:
-    """Interpret one chunk's JSON text; ``None`` when it is not decodable."""
+def interpret(data: str, *, known_ids: bool = False) -> ChunkInfo | None:
+    """Interpret one chunk's JSON text; ``None`` when it is not decodable.
+
+    ``known_ids``: the caller already has the response's ``id`` and ``model``,
+    so a chunk that carries nothing else of note may come back as a shared
+    constant (the per-token fast path).
+    """
     if data == DONE:
         return _DONE
     try:
-        obj = json.loads(data)
+        obj = loads(data)
     except ValueError:
         return None
-    if not isinstance(obj, dict):
+    if type(obj) is not dict:
         return None
-    return interpret_object(obj)
+    return interpret_object(obj, known_ids=known_ids)
 
 
-def interpret_object(obj: dict[str, Any]) -> ChunkInfo:
+def interpret_object(obj: dict[str, Any], *, known_ids: bool = False) -> ChunkInfo:
     """Interpret a decoded chunk or non-streaming response body."""
     err = obj.get("error")
     if err is not None:
@@ -123,7 +130,10 @@ def interpret_object(obj: dict[str, Any]) -> ChunkInfo:
                 r = c.get("finish_reason")
                 if isinstance(r, str) and r:
                     reasons.append(r)
-    usage = _usage(obj.get("usage"))
+    raw_usage = obj.get("usage")
+    if known_ids and raw_usage is None and not reasons:
+        return _OUTPUT if output else _NOT_OUTPUT
+    usage = _usage(raw_usage)
     model = obj.get("model")
     rid = obj.get("id")
     if not output and not reasons and usage is None and not isinstance(model, str):

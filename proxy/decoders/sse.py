@@ -20,14 +20,13 @@ remove one event byte-exactly (see ``proxy.usage``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 _BOM = b"\xef\xbb\xbf"
 
 
-@dataclass(frozen=True, slots=True)
-class SseEvent:
-    """One dispatched server-sent event."""
+class SseEvent(NamedTuple):
+    """One dispatched server-sent event (a named tuple: one is built per token)."""
 
     data: str
     """The data buffer, lines joined by LF, without the trailing LF."""
@@ -86,9 +85,53 @@ class SseDecoder:
 
     def feed(self, chunk: bytes) -> list[SseEvent]:
         """Consume ``chunk``; return the events it completed, in order."""
-        out: list[SseEvent] = []
         if not chunk:
-            return out
+            return []
+        if (
+            chunk[-2:] == b"\n\n"
+            and not self._line
+            and not self._after_cr
+            and not self._data
+            and not self._event
+            and not self._skipping
+            and self._started
+            and b"\r" not in chunk
+        ):
+            fast = self._feed_simple(chunk)
+            if fast is not None:
+                return fast
+        return self._feed(chunk)
+
+    def _feed_simple(self, chunk: bytes) -> list[SseEvent] | None:
+        """The common shape, fast: whole ``data:`` events, one line each, LF endings.
+
+        Returns ``None`` (having changed nothing) when the read has any other
+        shape; the general path then handles it.
+        """
+        blocks = chunk.split(b"\n\n")
+        blocks.pop()  # empty: the read ends with a blank line
+        limit = self.max_event_bytes
+        for b in blocks:
+            if not b.startswith((b"data:", b":")) or b"\n" in b or len(b) > limit:
+                return None
+        out: list[SseEvent] = []
+        pos = self._offset
+        last_id = self.last_event_id
+        for b in blocks:
+            end = pos + len(b) + 2
+            if b[0] == 0x64:  # "data:"
+                v = b[6:] if b[5:6] == b" " else b[5:]
+                out.append(
+                    SseEvent(v.decode("utf-8", "replace"), "message", pos, end, False, last_id)
+                )
+            pos = end
+        self._offset = pos
+        self.boundary_offset = pos
+        self._event_start = pos
+        return out
+
+    def _feed(self, chunk: bytes) -> list[SseEvent]:
+        out: list[SseEvent] = []
         pos = 0
         n = len(chunk)
         if self._after_cr:
