@@ -13,7 +13,14 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from exporters import names
-from proxy.records import Backend, Outcome, RequestLabels, RequestRecord
+from proxy.records import (
+    Backend,
+    Outcome,
+    PrefillRecord,
+    RequestLabels,
+    RequestRecord,
+    StallRecord,
+)
 
 
 def _doc(inst: names.Instrument) -> str:
@@ -70,6 +77,10 @@ class PrometheusSink:
         self._decoder_errors = counter(names.DECODER_ERRORS, registry)
         self._unobserved = counter(names.UNOBSERVED, registry)
         self._active = gauge(names.STREAMS_ACTIVE, registry)
+        self._stall_duration = histogram(names.STALL_DURATION, registry)
+        self._stalled_streams = histogram(names.STALLED_STREAMS, registry)
+        self._stalls = counter(names.STALLS, registry)
+        self._stutter_cost = counter(names.STUTTER_COST, registry)
         self._children: dict[RequestLabels, _Children] = {}
         self.slo_ttft_s = float("inf")
         """TTFT target for ``tokenstamp_requests_slo_total``."""
@@ -137,3 +148,16 @@ class PrometheusSink:
     def unobserved(self, backend: Backend, reason: str) -> None:
         """One request passed through without timing."""
         self._unobserved.labels(backend.provider, backend.address, reason).inc()
+
+    def stall(self, record: StallRecord) -> None:
+        """One stall: counted and its duration observed, by cause."""
+        b = record.backend
+        cause = record.cause.value
+        self._stalls.labels(b.provider, b.address, cause).inc()
+        self._stall_duration.labels(b.provider, b.address, cause).observe(record.duration_s)
+
+    def prefill_done(self, record: PrefillRecord) -> None:
+        """One finished prefill: streams it stalled (0 too) and its stutter cost."""
+        values = self.request_label_values(record.labels)
+        self._stalled_streams.labels(*values).observe(record.stalled_streams)
+        self._stutter_cost.labels(*values).inc(record.stutter_cost_s)

@@ -31,6 +31,7 @@ from proxy.headers import client_response_headers, upstream_request_headers
 from proxy.labels import ModelLabeler
 from proxy.records import Backend, Operation, Outcome, RequestLabels, Sink
 from proxy.relay import RelayResult, relay_json, relay_plain, relay_sse
+from proxy.stalls import BackendView, estimate_prompt_tokens
 from proxy.tasks import TaskSet
 from proxy.timing import StreamTimer, StreamWatcher
 from proxy.usage import inject, wants_injection
@@ -58,7 +59,9 @@ class ProxyState:
     labeler: ModelLabeler
     """Bounded model labels."""
     watcher: StreamWatcher | None = None
-    """Backend-wide stream view (stall detection), when enabled."""
+    """What sees every stream's events: the stall view, and any extra watcher."""
+    stalls: BackendView | None = None
+    """The backend's stall view, when stall detection is on."""
     session: aiohttp.ClientSession | None = None
     """Upstream HTTP client, opened in ``cleanup_ctx``."""
     tasks: TaskSet = field(default_factory=TaskSet)
@@ -182,6 +185,13 @@ async def handle(request: web.Request) -> web.StreamResponse:
                 state.sink.unobserved(state.backend, "body_not_json")
             else:
                 timer = start_timer(parsed.get("model"))
+                if state.stalls is not None:
+                    state.stalls.describe(
+                        timer.request_id,
+                        timer.labels,
+                        prompt_tokens_hint=estimate_prompt_tokens(parsed),
+                        streamed=parsed.get("stream") is True,
+                    )
                 if state.inject_usage and wants_injection(parsed):
                     new_body = inject(body)
                     if new_body is not None:
@@ -330,6 +340,7 @@ def create_app(
     sink: Sink,
     clock: Callable[[], int] = time.monotonic_ns,
     watcher: StreamWatcher | None = None,
+    stalls: BackendView | None = None,
 ) -> web.Application:
     """The proxy application for one upstream; the session opens and closes with it."""
     app = web.Application(client_max_size=config.max_body_bytes)
@@ -340,6 +351,7 @@ def create_app(
         backend=Backend(provider=config.provider, address=config.backend_label),
         labeler=ModelLabeler(config.model_label_limit, config.model_allowlist),
         watcher=watcher,
+        stalls=stalls,
         inject_usage=config.inject_usage,
     )
     app[STATE] = state

@@ -8,6 +8,7 @@ here, at start-up, and a bad value raises ``ConfigError`` naming the key.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -68,6 +69,14 @@ class ProxyConfig:
     """TPOT target for the SLO counter (goodput)."""
     drain_timeout_s: float = 30.0
     """On SIGTERM: how long open streams may finish before the process exits."""
+    stall_detection: bool = True
+    """Watch all streams of the backend for stalls and name the prefills that caused them."""
+    stall_ratio: float = 3.0
+    """A gap is a stall above ``stall_ratio`` x the stream's baseline (median recent gap)."""
+    stall_floor_s: float = 0.05
+    """A stall is also longer than this (no stutter is visible below it)."""
+    stall_tolerance_s: float = 0.025
+    """Slack when matching a culprit's first token to a stall's end (capped at half a step)."""
     log_level: str = "info"
     """Python logging level name."""
 
@@ -120,6 +129,23 @@ def _nonneg_int(key: str, value: str) -> int:
         raise ConfigError(f"{key}: expected a whole number, got {value!r}") from None
     if v < 0:
         raise ConfigError(f"{key}: must be >= 0, got {value!r}")
+    return v
+
+
+def _nonneg_float(key: str, value: str) -> float:
+    try:
+        v = float(value)
+    except ValueError:
+        raise ConfigError(f"{key}: expected a number, got {value!r}") from None
+    if not math.isfinite(v) or v < 0:
+        raise ConfigError(f"{key}: must be a finite number >= 0, got {value!r}")
+    return v
+
+
+def _ratio(key: str, value: str) -> float:
+    v = _nonneg_float(key, value)
+    if v <= 1:
+        raise ConfigError(f"{key}: must be > 1, got {value!r}")
     return v
 
 
@@ -184,6 +210,14 @@ SERVE_OPTIONS: tuple[_Opt, ...] = (
     _Opt("slo-tpot", "slo_tpot_s", _positive(float), "TPOT target, seconds (default 0.1)"),
     _Opt("drain-timeout", "drain_timeout_s", _positive(float), "on SIGTERM, seconds open streams "
          "may take to finish (default 30)"),
+    _Opt("stall-detection", "stall_detection", _bool, "detect stalls and attribute them to "
+         "prefills: true/false (default true)"),
+    _Opt("stall-ratio", "stall_ratio", _ratio, "a gap longer than this many times the "
+         "stream's median recent gap is a stall (default 3)"),
+    _Opt("stall-floor", "stall_floor_s", _nonneg_float, "a stall is also longer than this many "
+         "seconds (default 0.05)"),
+    _Opt("stall-tolerance", "stall_tolerance_s", _nonneg_float, "seconds of slack when matching "
+         "a culprit's first token to a stall's end, at most half a step (default 0.025)"),
     _Opt("log-level", "log_level", _level, "debug, info, warning, error (default info)"),
 )  # fmt: skip
 

@@ -17,6 +17,7 @@ import asyncio
 import json
 import socket
 import sys
+import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -25,7 +26,7 @@ from prometheus_client import CollectorRegistry
 
 from exporters.prometheus import PrometheusSink
 from proxy.config import HostPort, ProxyConfig
-from proxy.records import RequestRecord
+from proxy.records import PrefillRecord, RequestRecord, StallCause, StallRecord
 from proxy.scenarios import SingleMeasurement, StutterMeasurement, run_single, run_stutter
 from proxy.server import RunningProxy, start_proxy
 from proxy.tokenlog import TokenLog
@@ -49,15 +50,25 @@ CHUNK = 512
 
 
 class _RecordingSink(PrometheusSink):
-    """The Prometheus sink, also keeping every finished request's record for the demo."""
+    """The Prometheus sink, also keeping every record for the demo."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         super().__init__(registry)
         self.records: dict[str, RequestRecord] = {}
+        self.stalls: list[StallRecord] = []
+        self.prefills: list[PrefillRecord] = []
 
     def request_finished(self, record: RequestRecord) -> None:
         super().request_finished(record)
         self.records[record.request_id] = record
+
+    def stall(self, record: StallRecord) -> None:
+        super().stall(record)
+        self.stalls.append(record)
+
+    def prefill_done(self, record: PrefillRecord) -> None:
+        super().prefill_done(record)
+        self.prefills.append(record)
 
 
 @dataclass(slots=True)
@@ -155,6 +166,10 @@ async def _stutter(label: str, chunk: int | None, show: Any) -> dict[str, Any]:
         rec = stack.sink.records[m.long_request_id]
         ttft = rec.ttft_s if rec.ttft_s is not None else float("nan")
         m = StutterMeasurement(**{**asdict(m), "ttft_s": ttft})
+        # The run is over: let the stall view settle everything still pending.
+        if stack.proxy.stalls is not None:
+            stack.proxy.stalls.flush(time.monotonic_ns() + 10_000_000_000)
+        detected = _detected(stack.sink, m)
     finally:
         await stack.close()
     cost = load_profile("seed").with_overrides(chunk_size=chunk).cost
@@ -165,7 +180,65 @@ async def _stutter(label: str, chunk: int | None, show: Any) -> dict[str, Any]:
         "measured": asdict(m),
         "model": _model_view(pred),
         "seed": SEED_STUTTER[label],
+        "detected": detected,
     }
+
+
+def _detected(sink: _RecordingSink, m: StutterMeasurement) -> dict[str, Any]:
+    """What the stall view reported: the culprits and the stalls, by cause."""
+    culprits = [
+        {
+            "request_id": p.request_id,
+            # The backend's own count from usage, else the proxy's estimate from the body.
+            "prompt_tokens": _prompt_tokens(sink, p),
+            "stalled_streams": p.stalled_streams,
+            "stalls": p.stalls,
+            "stutter_cost_s": p.stutter_cost_s,
+        }
+        for p in sink.prefills
+        if p.stalled_streams
+    ]
+    by_cause = {c.value: 0 for c in StallCause}
+    for s in sink.stalls:
+        by_cause[s.cause.value] += 1
+    durations = sorted(s.duration_s for s in sink.stalls)
+    return {
+        "culprits": culprits,
+        "stalls_by_cause": by_cause,
+        "median_stall_s": durations[len(durations) // 2] if durations else None,
+        "long_request_blamed": any(c["request_id"] == m.long_request_id for c in culprits),
+    }
+
+
+def _prompt_tokens(sink: _RecordingSink, p: PrefillRecord) -> int | None:
+    rec = sink.records.get(p.request_id)
+    if rec is not None and rec.prompt_tokens is not None:
+        return rec.prompt_tokens
+    return p.prompt_tokens_hint
+
+
+def _detected_line(r: dict[str, Any]) -> str:
+    d = r["detected"]
+    name = "unchunked" if r["chunk_size"] is None else f"chunked at {r['chunk_size']}"
+    if not d["culprits"] and not sum(d["stalls_by_cause"].values()):
+        steady = r["measured"]["steady_gap_s"]
+        return (
+            f"  {name}: no stall (worst gap {_ms(r['measured']['worst_gap_s'])} stays "
+            f"under 3 x the {_ms(steady)} baseline)"
+        )
+    parts = []
+    for c in d["culprits"]:
+        n = c["prompt_tokens"]
+        tokens = f" ({n:,} prompt tokens)" if n else ""
+        parts.append(
+            f"  {name}: culprit {c['request_id']}{tokens} stalled {c['stalled_streams']} "
+            f"streams, {c['stalls']} stalls of ~{_ms(d['median_stall_s'] or 0)}, "
+            f"stutter cost {c['stutter_cost_s']:.1f} user-seconds"
+        )
+    un = d["stalls_by_cause"]["unattributed"]
+    if un:
+        parts.append(f"  {name}: {un} unattributed stalls")
+    return "\n".join(parts)
 
 
 def _model_view(p: StutterPrediction) -> dict[str, float]:
@@ -248,6 +321,9 @@ def render(results: dict[str, Any]) -> str:
         f"(+{_ms(u['model']['steady_gap_s'])}, one token each), and the new request first waits "
         "for the running step to end (half a step on average)."
     )
+    lines.append("Detected by the proxy (stall = gap > max(3 x baseline, 50 ms)):")
+    lines.append(_detected_line(u))
+    lines.append(_detected_line(c))
     s = results["single"]
     m = s["measured"]
     decode_s = m["e2e_s"] - m["ttft_s"]

@@ -148,6 +148,74 @@ class RequestRecord:
         return "hit" if self.cached_tokens > 0 else "miss"
 
 
+class StallCause(StrEnum):
+    """``tokenstamp.stall.cause``: why a stream stalled."""
+
+    PREFILL = "prefill"
+    """At least one culprit: another request's prefill overlapped the stall."""
+    UNATTRIBUTED = "unattributed"
+    """No culprit found."""
+
+
+@dataclass(frozen=True, slots=True)
+class StallRecord:
+    """One stall: a gap of one stream far above its baseline (see ``proxy.stalls``)."""
+
+    request_id: str
+    """The stalled stream's request id."""
+    backend: Backend
+    """The upstream it streams from."""
+    start_ns: int
+    """The output event before the gap (monotonic)."""
+    end_ns: int
+    """The output event that ended the gap (monotonic)."""
+    baseline_ns: int
+    """The baseline gap it was judged against (median of recent gaps)."""
+    threshold_ns: int
+    """``max(stall_ratio x baseline, stall_floor)``; the gap exceeded it."""
+    cause: StallCause
+    """``prefill`` when culprits were found, else ``unattributed``."""
+    culprits: tuple[str, ...]
+    """Request ids of the culprits (empty when unattributed)."""
+
+    @property
+    def duration_s(self) -> float:
+        """The stall (the gap) in seconds."""
+        return (self.end_ns - self.start_ns) / 1e9
+
+    @property
+    def excess_s(self) -> float:
+        """Stall minus baseline in seconds: the frozen output it cost this stream."""
+        return max(0, self.end_ns - self.start_ns - self.baseline_ns) / 1e9
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillRecord:
+    """One request's prefill window, reported once its attribution is final."""
+
+    request_id: str
+    """The proxy's id for the request."""
+    labels: RequestLabels
+    """The request's labels (operation and model empty when it was not described)."""
+    forwarded_ns: int
+    """``tf``: the window opened (monotonic)."""
+    first_token_ns: int
+    """``t1``: the window closed (monotonic)."""
+    prompt_tokens_hint: int | None
+    """Prompt size estimated from the request body, when known."""
+    stalls: int
+    """Stalls attributed to it (a stream stalled twice counts twice)."""
+    stalled_streams: int
+    """Distinct other streams it stalled (0 when none)."""
+    stutter_cost_s: float
+    """Its share of sum(stall - baseline) over those stalls: user-seconds of frozen output."""
+
+    @property
+    def window_s(self) -> float:
+        """``t1 - tf`` in seconds: upstream TTFT (queueing included)."""
+        return (self.first_token_ns - self.forwarded_ns) / 1e9
+
+
 class Sink(Protocol):
     """Where the core reports. One call site per observation; exporters implement it.
 
@@ -169,3 +237,9 @@ class Sink(Protocol):
 
     def unobserved(self, backend: Backend, reason: str) -> None:
         """A request on an observed route was passed through without timing."""
+
+    def stall(self, record: StallRecord) -> None:
+        """A stall was detected and its attribution is final."""
+
+    def prefill_done(self, record: PrefillRecord) -> None:
+        """A request's prefill completed and the stalls it caused are all counted."""

@@ -21,8 +21,11 @@ from exporters.prometheus import PrometheusSink
 from proxy.admin import create_admin_app
 from proxy.app import STATE, ProxyState, create_app
 from proxy.config import ConfigError, HostPort, ProxyConfig
-from proxy.records import Sink
+from proxy.records import Backend, Sink
+from proxy.stall_detector import StallSettings
+from proxy.stalls import BackendView
 from proxy.timing import StreamWatcher
+from proxy.tokenlog import FanoutWatcher
 
 log = logging.getLogger("tokenstamp.server")
 
@@ -41,6 +44,8 @@ class RunningProxy:
     """Base URL clients use."""
     admin_url: str
     """Base URL of the admin listener."""
+    stalls: BackendView | None
+    """The backend view detecting stalls (``None`` with ``--no-stall-detection``)."""
     _proxy_runner: web.AppRunner = field(repr=False)
     _admin_runner: web.AppRunner = field(repr=False)
 
@@ -75,6 +80,26 @@ async def _start_site(runner: web.AppRunner, where: HostPort, key: str) -> None:
         raise ConfigError(f"{key}: cannot listen on {where}: {exc.strerror or exc}") from None
 
 
+def stall_view(config: ProxyConfig, sink: Sink) -> BackendView:
+    """The backend view of ``config``'s upstream, reporting to ``sink``."""
+    settings = StallSettings(
+        ratio=config.stall_ratio,
+        floor_s=config.stall_floor_s,
+        tolerance_s=config.stall_tolerance_s,
+    )
+    return BackendView(Backend(config.provider, config.backend_label), sink, settings)
+
+
+_FLUSH_EVERY_S = 1.0
+
+
+async def _flush_stalls(view: BackendView, clock: Callable[[], int]) -> None:
+    """Let the view report what became final while no stream event came (an idle backend)."""
+    while True:
+        await asyncio.sleep(_FLUSH_EVERY_S)
+        view.flush(clock())
+
+
 async def start_proxy(
     config: ProxyConfig,
     *,
@@ -83,15 +108,25 @@ async def start_proxy(
     watcher: StreamWatcher | None = None,
     clock: Callable[[], int] = time.monotonic_ns,
 ) -> RunningProxy:
-    """Start both listeners in the running loop; raise ``ConfigError`` if one cannot bind."""
+    """Start both listeners in the running loop; raise ``ConfigError`` if one cannot bind.
+
+    ``watcher`` sees every stream's events too, after the stall view.
+    """
     registry = registry if registry is not None else CollectorRegistry()
     if sink is None:
         prom = PrometheusSink(registry)
         prom.slo_ttft_s = config.slo_ttft_s
         prom.slo_tpot_s = config.slo_tpot_s
         sink = prom
-    app = create_app(config, sink=sink, clock=clock, watcher=watcher)
+    view = stall_view(config, sink) if config.stall_detection else None
+    watchers = [w for w in (view, watcher) if w is not None]
+    combined: StreamWatcher | None = (
+        FanoutWatcher(*watchers) if len(watchers) > 1 else (watchers[0] if watchers else None)
+    )
+    app = create_app(config, sink=sink, clock=clock, watcher=combined, stalls=view)
     state = app[STATE]
+    if view is not None:
+        _ = state.tasks.spawn(_flush_stalls(view, clock), name="tokenstamp-stall-flush")
     admin = create_admin_app(state, registry)
     proxy_runner = web.AppRunner(
         app,
@@ -115,6 +150,7 @@ async def start_proxy(
         state=state,
         url=_site_url(proxy_runner, config.listen),
         admin_url=_site_url(admin_runner, config.admin),
+        stalls=view,
         _proxy_runner=proxy_runner,
         _admin_runner=admin_runner,
     )

@@ -13,6 +13,9 @@ CORE = [
     "proxy.records",
     "proxy.usage",
     "proxy.labels",
+    "proxy.stalls",
+    "proxy.stall_detector",
+    "proxy.tokenlog",
 ]
 FORBIDDEN = ("asyncio", "aiohttp", "prometheus_client", "opentelemetry")
 
