@@ -33,6 +33,7 @@ CONFIG_FLAGS = {
     "stallRatio": "stall-ratio",
     "stallFloor": "stall-floor",
     "stallTolerance": "stall-tolerance",
+    "stallDetection": "stall-detection",
 }
 UPSTREAM = {"upstream": "http://vllm.inference.svc:8000"}
 KEY_LINE = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z0-9_.\-/]+):(?: |$)")
@@ -113,7 +114,13 @@ def test_every_proxy_flag_is_reachable_from_values():
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     serve = commands.choices["serve"]
     flags = {o[2:] for a in serve._actions for o in a.option_strings if o.startswith("--")}
-    from_values = set(CONFIG_FLAGS.values()) | {"listen", "admin", "no-inject-usage", "help"}
+    from_values = set(CONFIG_FLAGS.values()) | {
+        "listen",
+        "admin",
+        "no-inject-usage",
+        "no-stall-detection",
+        "help",
+    }
     assert flags == from_values, (
         "a `tokenstamp serve` flag and the chart's `config` values disagree: add or remove the "
         "key in helm/tokenstamp/values.yaml, values.schema.json, ci/everything-on-values.yaml "
