@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 
 class Outcome(StrEnum):
@@ -28,9 +28,8 @@ class Operation(StrEnum):
     TEXT_COMPLETION = "text_completion"
 
 
-@dataclass(frozen=True, slots=True)
-class Backend:
-    """One upstream, as named in metrics."""
+class Backend(NamedTuple):
+    """One upstream, as named in metrics (a named tuple: cheap to hash as a dict key)."""
 
     provider: str
     """``gen_ai.provider.name`` (configured)."""
@@ -38,9 +37,12 @@ class Backend:
     """``server.address``: the backend's configured name."""
 
 
-@dataclass(frozen=True, slots=True)
-class RequestLabels:
-    """The bounded label set of one observed request; computed once, at arrival."""
+class RequestLabels(NamedTuple):
+    """The bounded label set of one observed request; computed once, at arrival.
+
+    A named tuple: exporters key their per-label-set state on it for every
+    token, and a tuple hashes far faster than a frozen dataclass.
+    """
 
     operation: str
     """``gen_ai.operation.name``."""

@@ -20,6 +20,7 @@ import math
 from bisect import bisect_left, insort
 from collections import deque
 from dataclasses import dataclass
+from typing import NamedTuple
 
 NS_PER_S = 1_000_000_000
 
@@ -129,9 +130,8 @@ class MedianWindow:
         return len(self._order)
 
 
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """How one gap was judged."""
+class Verdict(NamedTuple):
+    """How one gap was judged (a named tuple: one is built per gap)."""
 
     gap_ns: int
     """The gap."""
