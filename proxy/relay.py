@@ -15,7 +15,7 @@ import aiohttp
 from aiohttp import web
 from orjson import loads
 
-from proxy.decoders.openai import ChunkInfo, interpret, interpret_object
+from proxy.decoders.openai import OUTPUT, ChunkInfo, interpret, interpret_object
 from proxy.decoders.sse import SseDecoder
 from proxy.records import Outcome
 from proxy.timing import StreamTimer
@@ -105,7 +105,9 @@ async def relay_sse(
                 except ConnectionError:
                     return _disconnected(resp)
         for info in infos:
-            if info is None:
+            if info is OUTPUT:
+                timer.output(now_ns)
+            elif info is None:
                 sink.decoder_error(backend, "invalid_json")
             else:
                 timer.chunk(info, now_ns)

@@ -159,13 +159,28 @@ class _Stream:
 class StallDetector:
     """Baselines of every open stream of one backend, and the judgement of their gaps."""
 
-    __slots__ = ("_backend", "_settings", "_streams")
+    __slots__ = (
+        "_backend",
+        "_backend_tick",
+        "_floor_ns",
+        "_q",
+        "_ratio",
+        "_settings",
+        "_stream_min",
+        "_streams",
+    )
 
     def __init__(self, settings: StallSettings) -> None:
         """No streams yet."""
         self._settings = settings
         self._streams: dict[str, _Stream] = {}
         self._backend = MedianWindow(settings.backend_window)
+        self._backend_tick = 0
+        # Copies of the settings the per-gap path reads (attribute lookups are its cost).
+        self._ratio = settings.ratio
+        self._floor_ns = settings.floor_ns
+        self._q = settings.baseline_quantile
+        self._stream_min = settings.stream_min_gaps
 
     def __len__(self) -> int:
         """Streams tracked."""
@@ -194,24 +209,33 @@ class StallDetector:
         stream whose pace truly changed adapts. A gap with no baseline to judge it
         by joins the stream's window (bootstrap) and is returned unjudged.
         """
-        settings = self._settings
-        baseline = self.baseline_ns(stream_id)
         own = self._streams.get(stream_id)
         if own is None:
-            own = self._streams[stream_id] = _Stream(settings.stream_window)
+            own = self._streams[stream_id] = _Stream(self._settings.stream_window)
+        window = own.window
+        n = len(window._sorted)
+        if n >= self._stream_min:
+            baseline: int | None = window._sorted[int(self._q * (n - 1))]
+        else:
+            baseline = self.backend_baseline_ns()
         if baseline is None:
-            own.window.add(gap_ns)
+            window.add(gap_ns)
             return Verdict(gap_ns, None, None)
-        verdict = Verdict(gap_ns, baseline, settings.threshold_ns(baseline))
-        if verdict.stall:
+        threshold = max(round(self._ratio * baseline), self._floor_ns)
+        if gap_ns > threshold:
             own.run += 1
-            if settings.new_pace_after and own.run >= settings.new_pace_after:
-                own.window.add(gap_ns)
+            after = self._settings.new_pace_after
+            if after and own.run >= after:
+                window.add(gap_ns)
         else:
             own.run = 0
-            own.window.add(gap_ns)
-            self._backend.add(gap_ns)
-        return verdict
+            window.add(gap_ns)
+            # The backend's pace needs a sample, not every gap of every stream:
+            # one in four keeps it as recent at a quarter of the cost.
+            self._backend_tick += 1
+            if self._backend_tick & 3 == 0 or len(self._backend) < self._settings.backend_min_gaps:
+                self._backend.add(gap_ns)
+        return Verdict(gap_ns, baseline, threshold)
 
     def judge_late(self, gap_ns: int) -> Verdict:
         """Judge a gap kept from before any baseline existed, against the backend's."""

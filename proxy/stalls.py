@@ -234,10 +234,14 @@ class BackendView:
     # -- internals --------------------------------------------------------------------
 
     def _advance(self, stamp_ns: int) -> None:
-        now = stamp_ns if self._now_ns is None else max(self._now_ns, stamp_ns)
-        self._now_ns = now
-        self._settle_gaps(now)
-        self._settle_windows(now)
+        now = self._now_ns
+        if now is None or stamp_ns > now:
+            now = self._now_ns = stamp_ns
+        # Called for every stream event: skip the calls when nothing waits.
+        if self._pending:
+            self._settle_gaps(now)
+        if self._closed:
+            self._settle_windows(now)
 
     def _settle_gaps(self, now: int) -> None:
         pending = self._pending

@@ -56,6 +56,8 @@ class ChunkInfo:
 
 _NOT_OUTPUT = ChunkInfo(output=False)
 _OUTPUT = ChunkInfo(output=True)
+OUTPUT = _OUTPUT
+"""The shared meaning of a plain output chunk (``interpret`` with ``known_ids``)."""
 _DONE = ChunkInfo(output=False, done=True)
 
 
