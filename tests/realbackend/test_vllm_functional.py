@@ -1,0 +1,197 @@
+"""vLLM behind tokenstamp: after a fixed workload, tokenstamp's /metrics against vLLM's own.
+
+Workload: requests one at a time (so each one's TTFT can be read off vLLM's
+histogram sum), then eight concurrent streams and one long prompt. Then both
+``/metrics`` pages are scraped and set side by side:
+
+* finished requests: equal;
+* tokens in and out: equal (tokenstamp takes them from the usage it asks for);
+* TTFT of each sequential request: never below vLLM's (vLLM's clock starts after
+  the proxy's and stops before the proxy reads the token), above it by at most
+  ``TTFT_SLACK_S`` at the median (a direct client sees the same excess: it is
+  vLLM's own request parsing and response writing, outside vLLM's clock);
+* inter-token gaps: the histogram bucket by bucket, at the bounds both have.
+  vLLM stamps a token in its output loop, tokenstamp on the wire, after vLLM's
+  frontend has serialised and written it; that delivery jitters by a few ms
+  (``JITTER_S``), so a gap that close to a bound may land on either side of it.
+  Allowed per bound: tokenstamp's gaps within ``JITTER_S`` of it, plus
+  ``SLACK_SHARE`` of all gaps. When vLLM's API process falls behind it merges
+  tokens into one event, so tokenstamp may see fewer, longer gaps (bounded by
+  ``MERGED_SHARE``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+
+import pytest
+
+from exporters import names
+from tests.realbackend.client import Prompts, chat, session, stream
+from tests.realbackend.recorder import ProxyFactory, RecordedProxy
+from tests.realbackend.sched import Boost, WaitMeter
+from tests.realbackend.scrape import Samples, common_bounds, scrape
+from tests.realbackend.vllm_server import VllmServer
+from tests.realbackend.workload import stutter_run
+
+pytestmark = [pytest.mark.realbackend, pytest.mark.vllm, pytest.mark.timeout(600)]
+
+TTFT_SLACK_S = 0.025  # median excess over vLLM's TTFT (measured 4-16 ms on 2 shared cores)
+LOOSE_TTFT_SLACK_S = 0.25  # ...when the machine is oversubscribed (vLLM's frontend waits)
+PROXY_FORWARD_NS = 5_000_000  # arrival to forwarded, inside the proxy
+JITTER_S = 0.010  # how far vLLM's frontend may move a token on the wire (2 shared cores)
+SLACK_SHARE = 0.03
+MERGED_SHARE = 0.05
+STREAMS = 4
+SEQUENTIAL_PROMPTS = (16, 64, 256, 512, 1024, 128)
+
+
+async def _vllm_ttft_of_next(vllm: VllmServer, before: Samples) -> tuple[float, Samples]:
+    """Wait for vLLM to count one more TTFT; that request's TTFT and the new scrape."""
+    for _ in range(400):  # bounded: about 20 s
+        now = await scrape(vllm.url + "/metrics")
+        n = now.sum("vllm:time_to_first_token_seconds_count")
+        if n > before.sum("vllm:time_to_first_token_seconds_count"):
+            ttft = now.sum("vllm:time_to_first_token_seconds_sum") - before.sum(
+                "vllm:time_to_first_token_seconds_sum"
+            )
+            return ttft, now
+        await asyncio.sleep(0.05)
+    raise AssertionError("vLLM never counted the request's first token")
+
+
+def _row(name: str, ours: float, theirs: float, unit: str = "") -> str:
+    return f"  {name:44} {ours:14.4f} {theirs:14.4f} {ours - theirs:+12.4f} {unit}"
+
+
+async def test_metrics_agree_with_vllm(
+    vllm: VllmServer, recorded_proxy: ProxyFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    proxy: RecordedProxy = await recorded_proxy(vllm.url, provider="vllm")
+    prompts = Prompts(vllm.model / "tokenizer.json", f"vllm-{time.time_ns()}")
+    # 0. Each size asked directly (before the counted part): what vLLM's own client
+    # sees beyond vLLM's TTFT - vLLM starts its clock after parsing the request and
+    # stops it before the token is serialised and written.
+    direct_rows = []
+    before = await scrape(vllm.url + "/metrics")
+    async with session() as http:
+        for i, size in enumerate(SEQUENTIAL_PROMPTS):
+            cap = await stream(http, vllm.url, chat(prompts.text(size), 16), f"direct-{i}")
+            theirs, before = await _vllm_ttft_of_next(vllm, before)
+            direct_rows.append((f"direct-{i}", size, cap.ttft_s, theirs))
+    await asyncio.sleep(0.5)
+    v0 = await scrape(vllm.url + "/metrics")
+    t0 = time.monotonic()
+
+    # 1. One at a time through the proxy: each request's TTFT on both sides.
+    ttft_rows = []
+    before = v0
+    assert vllm.proc is not None
+    with Boost(), WaitMeter(proxy="self", vllm=vllm.proc.pid) as meter:
+        async with session() as http:
+            for i, size in enumerate(SEQUENTIAL_PROMPTS):
+                rid = f"seq-{i}"
+                cap = await stream(http, proxy.url, chat(prompts.text(size), 16), rid)
+                assert cap.status == 200, cap.body[:300]
+                theirs, before = await _vllm_ttft_of_next(vllm, before)
+                ours = proxy.sink.requests[rid].ttft_s
+                assert ours is not None
+                ttft_rows.append((rid, size, ours, theirs))
+
+    # 2. A few streams and a long prompt, concurrently.
+    run = await stutter_run(proxy, prompts, streams=STREAMS, stream_tokens=48, long_tokens=1500,
+                            warm_events=8, tag="v", watch={"vllm": vllm.proc.pid})  # fmt: skip
+    assert all(c.status == 200 and not c.error for c in [*run.streams, run.long])
+    workload_s = time.monotonic() - t0
+    await asyncio.sleep(0.5)
+    theirs_all = (await scrape(vllm.url + "/metrics")).minus(v0)
+    ours_all = await scrape(proxy.admin_url + "/metrics")
+
+    # Side by side.
+    out_label = {names.label_name(names.TOKEN_TYPE): "output"}
+    in_label = {names.label_name(names.TOKEN_TYPE): "input"}
+    usage = names.TOKEN_USAGE.prom_name
+    rows = {
+        "finished requests": (
+            ours_all.sum(names.REQUESTS.prom_series, **{names.label_name(names.OUTCOME): "ok"}),
+            theirs_all.sum("vllm:request_success_total"),
+        ),
+        "output tokens": (
+            ours_all.sum(usage + "_sum", **out_label),
+            theirs_all.sum("vllm:generation_tokens_total"),
+        ),
+        "prompt tokens": (
+            ours_all.sum(usage + "_sum", **in_label),
+            theirs_all.sum("vllm:prompt_tokens_total"),
+        ),
+        "TTFT count": (
+            ours_all.sum(names.TTFT.prom_name + "_count"),
+            theirs_all.sum("vllm:time_to_first_token_seconds_count"),
+        ),
+        "TTFT sum (s)": (
+            ours_all.sum(names.TTFT.prom_name + "_sum"),
+            theirs_all.sum("vllm:time_to_first_token_seconds_sum"),
+        ),
+        "gap count": (
+            ours_all.sum(names.GAP.prom_name + "_count"),
+            theirs_all.sum("vllm:inter_token_latency_seconds_count"),
+        ),
+        "gap sum (s)": (
+            ours_all.sum(names.GAP.prom_name + "_sum"),
+            theirs_all.sum("vllm:inter_token_latency_seconds_sum"),
+        ),
+    }
+    ours_gaps = ours_all.buckets(names.GAP.prom_name)
+    theirs_gaps = theirs_all.buckets("vllm:inter_token_latency_seconds")
+    n_ours, n_theirs = rows["gap count"]
+    lines = [
+        f"\nworkload {workload_s:.1f} s; vLLM started in {vllm.started_s:.1f} s",
+        f"  {'':44} {'tokenstamp':>14} {'vLLM':>14} {'difference':>12}",
+    ]
+    lines += [_row(k, a, b) for k, (a, b) in rows.items()]
+    lines.append("  TTFT per sequential request (ms):")
+    for rid, size, o, t in ttft_rows:
+        rec = proxy.sink.requests[rid]
+        fwd_ms = ((rec.forwarded_ns or 0) - rec.arrival_ns) / 1e6
+        lines.append(_row(f"{rid} ({size} prompt tokens)", o * 1e3, t * 1e3,
+                          f"ms (proxy forwarded after {fwd_ms:.2f} ms)"))  # fmt: skip
+    lines.append("  the same sizes asked directly, a client's TTFT against vLLM's (ms):")
+    lines += [_row(f"{rid} ({size} prompt tokens)", o * 1e3, t * 1e3, "ms")
+              for rid, size, o, t in direct_rows]  # fmt: skip
+    lines.append(
+        f"  inter-token gaps at or below each bound (allowed: tokenstamp's gaps within "
+        f"{JITTER_S * 1e3:g} ms of the bound + {SLACK_SHARE:.0%} of all):"
+    )
+    raw = [g for gaps in proxy.sink.gaps.values() for g in gaps]
+    checks = []
+    for le in common_bounds(ours_gaps, theirs_gaps):
+        near = sum(1 for g in raw if abs(g - le) <= JITTER_S)
+        allowed = near + SLACK_SHARE * n_theirs
+        checks.append((le, ours_gaps[le], theirs_gaps[le], allowed))
+        lines.append(_row(f"le {le:g} s (allowed {allowed:.0f})", ours_gaps[le], theirs_gaps[le]))
+    lines.append("  sequential phase: " + meter.result.line())
+    lines.append("  concurrent phase: " + run.contention.line())
+    with capsys.disabled():
+        print("\n".join(lines))
+
+    ok_ours, ok_theirs = rows["finished requests"]
+    assert ok_ours == ok_theirs == len(SEQUENTIAL_PROMPTS) + STREAMS + 1
+    assert rows["output tokens"][0] == rows["output tokens"][1]
+    assert rows["prompt tokens"][0] == rows["prompt tokens"][1]
+    assert rows["TTFT count"][0] == rows["TTFT count"][1]
+    assert rows["TTFT sum (s)"][0] >= rows["TTFT sum (s)"][1]
+    excess = [ours - theirs for _rid, _size, ours, theirs in ttft_rows]
+    slack = TTFT_SLACK_S if meter.result.quiet else LOOSE_TTFT_SLACK_S
+    for rid, _size, ours, theirs in ttft_rows:
+        assert ours >= theirs, f"{rid}: tokenstamp {ours} s below vLLM's {theirs} s"
+        # The proxy's own part of the excess: arrival to forwarded.
+        rec = proxy.sink.requests[rid]
+        assert rec.forwarded_ns is not None
+        assert rec.forwarded_ns - rec.arrival_ns <= PROXY_FORWARD_NS, rec
+    assert statistics.median(excess) <= slack, excess
+    # Merged events: fewer gaps on the wire than tokens generated, never more.
+    assert n_theirs * (1 - MERGED_SHARE) <= n_ours <= n_theirs
+    for le, a, b, allowed in checks:
+        assert abs(a - b) <= allowed, f"le {le}: {a} vs {b}, allowed {allowed}"
