@@ -202,6 +202,8 @@ class SseDecoder:
             self._started = True
             if line.startswith(_BOM):
                 line = line[3:]
+                if not line:  # the BOM alone on the first line: a blank line
+                    return self._blank(end_offset, open_cr)
         if line[0] == 0x3A:  # ':' comment
             if not self._data and not self._event:
                 # Between events (a keep-alive): a boundary, so it is never held back.

@@ -61,6 +61,11 @@ def test_bom_at_start_only():
     assert decode([b"\xef\xbb\xbfdata: a\n\n"])[0] == [("message", "a")]
 
 
+def test_bom_alone_on_the_first_line():
+    assert decode([b"\xef\xbb\xbf\ndata: a\n\n"])[0] == [("message", "a")]
+    assert decode([b"\xef\xbb", b"\xbf\n", b"data: b\n\n"])[0] == [("message", "b")]
+
+
 def test_cr_split_from_lf_across_reads():
     events, d = decode([b"data: a\r", b"\ndata: b\r\n\r", b"\n"])
     assert events == [("message", "a\nb")]
