@@ -4,6 +4,11 @@ Writes into an injected ``CollectorRegistry`` (never the global one). Label
 children are resolved once per distinct label set and cached, so a gap costs
 one dictionary lookup and one histogram observation. The labels are already
 bounded by the proxy (see ``exporters.labels``), so the cache is bounded too.
+
+Exemplars: the TTFT, inter-token gap and worst-gap histograms carry the trace
+id of a sampled request (``{"trace_id": ...}``), shown in the OpenMetrics
+exposition of ``/metrics``. A gap carries one only when it is its stream's
+worst so far (the timer decides), so the cost stays per request, not per token.
 """
 
 from __future__ import annotations
@@ -15,7 +20,6 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from exporters import names
 from proxy.records import (
     Backend,
-    Outcome,
     PrefillRecord,
     RequestLabels,
     RequestRecord,
@@ -72,6 +76,7 @@ class PrometheusSink:
         self._duration = histogram(names.DURATION, registry)
         self._tokens = histogram(names.TOKEN_USAGE, registry)
         self._max_gap = histogram(names.MAX_GAP, registry)
+        self._queue_time = histogram(names.QUEUE_TIME, registry)
         self._requests = counter(names.REQUESTS, registry)
         self._slo = counter(names.SLO_REQUESTS, registry)
         self._decoder_errors = counter(names.DECODER_ERRORS, registry)
@@ -105,9 +110,12 @@ class PrometheusSink:
         """In-flight gauge up."""
         self._for(labels).active.inc()
 
-    def gap(self, labels: RequestLabels, gap_s: float, request_id: str) -> None:
-        """One inter-token gap."""
-        self._for(labels).gap.observe(gap_s)
+    def gap(self, labels: RequestLabels, gap_s: float, request_id: str, trace_id: str = "") -> None:
+        """One inter-token gap (with an exemplar when ``trace_id`` is given)."""
+        if trace_id:
+            self._for(labels).gap.observe(gap_s, {"trace_id": trace_id})
+        else:
+            self._for(labels).gap.observe(gap_s)
 
     def request_finished(self, record: RequestRecord) -> None:
         """Everything observed once per request."""
@@ -125,20 +133,19 @@ class PrometheusSink:
             self._tokens.labels(*values, "output").observe(record.completion_tokens)
         if not record.streamed:
             return
+        exemplar = {"trace_id": record.trace_id} if record.trace_id else None
         ttft = record.ttft_s
         if ttft is not None:
-            self._ttft.labels(*values, record.prefix_cache).observe(ttft)
+            self._ttft.labels(*values, record.prefix_cache).observe(ttft, exemplar)
+        queue = record.queue_time_s
+        if queue is not None:
+            self._queue_time.labels(*values).observe(queue)
         tpot = record.tpot_s
         if tpot is not None:
             self._tpot.labels(*values).observe(tpot)
         if record.gap_count:
-            self._max_gap.labels(*values).observe(record.max_gap_s)
-        met = (
-            record.outcome is Outcome.OK
-            and ttft is not None
-            and ttft <= self.slo_ttft_s
-            and (tpot is None or tpot <= self.slo_tpot_s)
-        )
+            self._max_gap.labels(*values).observe(record.max_gap_s, exemplar)
+        met = record.slo_met(self.slo_ttft_s, self.slo_tpot_s)
         self._slo.labels(*values, "met" if met else "missed").inc()
 
     def decoder_error(self, backend: Backend, kind: str) -> None:

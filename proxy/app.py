@@ -1,7 +1,10 @@
 """The proxy's HTTP application: forward everything, time the token streams.
 
-``create_app`` wires one upstream. Every method and path is forwarded; POST
-``/v1/chat/completions`` and ``/v1/completions`` are also observed. Bytes go to
+``create_app`` wires one upstream. Every method and path is forwarded; the
+routes of ``proxy.decoders.registry`` (OpenAI chat and completions, Anthropic
+Messages, OpenAI Responses, Ollama, TGI and llama.cpp native) are also
+observed, when the response's content type is the format's framing or JSON
+(anything else is relayed untouched and counted as unobserved). Bytes go to
 the client as they are read, unchanged; the stamp is taken right after each
 read, before the bytes are written or looked at (``proxy.timing`` explains
 what shares a stamp).
@@ -22,26 +25,27 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
+from multidict import CIMultiDict
 
 from proxy.config import ProxyConfig
+from proxy.decoders.registry import Decoding, Format, choose, route
 from proxy.headers import client_response_headers, upstream_request_headers
 from proxy.labels import ModelLabeler
-from proxy.records import Backend, Operation, Outcome, RequestLabels, Sink
-from proxy.relay import RelayResult, relay_json, relay_plain, relay_sse
+from proxy.records import Backend, Outcome, RequestLabels, Sink
+from proxy.relay import RelayResult, relay_json, relay_ndjson, relay_plain, relay_sse
 from proxy.stalls import BackendView, estimate_prompt_tokens
 from proxy.tasks import TaskSet
 from proxy.timing import StreamTimer, StreamWatcher
 from proxy.usage import inject, wants_injection
 
-log = logging.getLogger("tokenstamp.proxy")
+if TYPE_CHECKING:
+    from proxy.tracing import Tracing
 
-OBSERVED_ROUTES: dict[str, Operation] = {
-    "/v1/chat/completions": Operation.CHAT,
-    "/v1/completions": Operation.TEXT_COMPLETION,
-}
+log = logging.getLogger("tokenstamp.proxy")
 
 
 @dataclass(slots=True)
@@ -62,6 +66,8 @@ class ProxyState:
     """What sees every stream's events: the stall view, and any extra watcher."""
     stalls: BackendView | None = None
     """The backend's stall view, when stall detection is on."""
+    tracing: Tracing | None = None
+    """Spans and trace-context propagation, when a tracer provider is given."""
     session: aiohttp.ClientSession | None = None
     """Upstream HTTP client, opened in ``cleanup_ctx``."""
     tasks: TaskSet = field(default_factory=TaskSet)
@@ -151,15 +157,29 @@ async def handle(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     cfg = state.config
     clock = state.clock
-    op = OBSERVED_ROUTES.get(request.path) if request.method == "POST" else None
+    fmt = route(request.method, request.path)
     state.in_flight += 1
     timer: StreamTimer | None = None
     progress = _Progress()
     outcome, error_type = Outcome.OK, ""
 
-    def start_timer(model: object) -> StreamTimer:
-        assert op is not None
-        labels = RequestLabels(op.value, state.labeler.label(model), state.backend)
+    def start_timer(body: dict[str, object] | None) -> StreamTimer:
+        assert fmt is not None
+        model = None if body is None else fmt.request_model(body)
+        labels = RequestLabels(fmt.operation.value, state.labeler.label(model), state.backend)
+        request_model = model if isinstance(model, str) else ""
+        if state.tracing is not None:
+            return state.tracing.start_timer(
+                request_id(request),
+                labels,
+                arrival_ns=clock(),
+                start_unix_ns=time.time_ns(),
+                sink=state.sink,
+                watcher=state.watcher,
+                request_model=request_model,
+                headers=request.headers,
+                body=body,
+            )
         return StreamTimer(
             request_id(request),
             labels,
@@ -167,36 +187,36 @@ async def handle(request: web.Request) -> web.StreamResponse:
             start_unix_ns=time.time_ns(),
             sink=state.sink,
             watcher=state.watcher,
-            request_model=model if isinstance(model, str) else "",
+            request_model=request_model,
         )
 
     try:
         try:
             body = await _read_body(request, cfg.max_body_bytes)
         except _Refused as exc:
-            if op is not None:
+            if fmt is not None:
                 timer = start_timer(None)
             outcome, progress.status, error_type = Outcome.REJECTED, exc.status, exc.error_type
             return json_error(exc.status, exc.error_type, str(exc))
         upstream_body, injected = body, False
-        if op is not None:
+        if fmt is not None:
             parsed = _parse_json_object(body)
             if parsed is None:
                 state.sink.unobserved(state.backend, "body_not_json")
             else:
-                timer = start_timer(parsed.get("model"))
+                timer = start_timer(parsed)
                 if state.stalls is not None:
                     state.stalls.describe(
                         timer.request_id,
                         timer.labels,
                         prompt_tokens_hint=estimate_prompt_tokens(parsed),
-                        streamed=parsed.get("stream") is True,
+                        streamed=fmt.streams(parsed),
                     )
-                if state.inject_usage and wants_injection(parsed):
+                if fmt.injects_usage and state.inject_usage and wants_injection(parsed):
                     new_body = inject(body)
                     if new_body is not None:
                         upstream_body, injected = new_body, True
-        result = await _forward(request, state, upstream_body, timer, injected, body, progress)
+        result = await _forward(request, state, fmt, upstream_body, timer, injected, body, progress)
         outcome, progress.status, error_type = result.outcome, result.status, result.error_type
         return result.response
     except asyncio.CancelledError:
@@ -223,6 +243,7 @@ def _parse_json_object(body: bytes) -> dict[str, object] | None:
 async def _forward(
     request: web.Request,
     state: ProxyState,
+    fmt: Format | None,
     body: bytes,
     timer: StreamTimer | None,
     injected: bool,
@@ -260,25 +281,31 @@ async def _forward(
             content_type = up.headers.get("Content-Type", "")
             is_sse = content_type.startswith("text/event-stream")
             encoded = up.headers.get("Content-Encoding", "identity").lower() != "identity"
-            observe = timer is not None and not encoded
+            decoding = choose(fmt, content_type) if fmt is not None else None
+            observe = timer is not None and not encoded and decoding is not None
             if timer is not None and encoded:
                 state.sink.unobserved(state.backend, "encoded_response")
+            elif timer is not None and decoding is None:
+                state.sink.unobserved(state.backend, "content_type")
             resp = web.StreamResponse(
                 status=up.status,
                 reason=up.reason,
                 headers=client_response_headers(up.headers, keep_length=not (is_sse and injected)),
             )
-            if is_sse:
+            if is_sse or decoding is Decoding.NDJSON:
                 resp.headers["X-Accel-Buffering"] = "no"
             await resp.prepare(request)
             progress.status = resp.status
-            if observe and timer is not None and is_sse:
+            if not observe or timer is None or fmt is None:
+                result = await relay_plain(up, resp, judge_status=timer is not None)
+            elif decoding is Decoding.SSE:
                 timer.streamed = True
-                result = await relay_sse(up, resp, timer, state, strip_usage=injected)
-            elif observe and timer is not None:
-                result = await relay_json(up, resp, timer, state)
+                result = await relay_sse(up, resp, timer, state, strip_usage=injected, fmt=fmt)
+            elif decoding is Decoding.NDJSON:
+                timer.streamed = True
+                result = await relay_ndjson(up, resp, timer, state, fmt)
             else:
-                result = await relay_plain(up, resp)
+                result = await relay_json(up, resp, timer, state, fmt)
             if result.complete:
                 try:
                     await resp.write_eof()
@@ -315,23 +342,29 @@ async def _send(
     state: ProxyState,
     method: str,
     url: str,
-    headers: object,
+    headers: CIMultiDict[str],
     body: bytes,
     timer: StreamTimer | None,
 ) -> aiohttp.ClientResponse:
     assert state.session is not None
+    tracing = state.tracing
     if timer is not None:
+        if tracing is not None:
+            tracing.inject(timer, headers)  # the proxy's span becomes the upstream's parent
         # Stamped as the request is handed to the connection: on a pooled
         # keep-alive connection the bytes leave within microseconds.
         timer.forwarded(state.clock())
-    return await state.session.request(
+    up = await state.session.request(
         method,
         url,
-        headers=headers,  # type: ignore[arg-type]
+        headers=headers,
         data=body or None,
         allow_redirects=False,
         auto_decompress=False,
     )
+    if tracing is not None and timer is not None:
+        tracing.capture(timer, up)
+    return up
 
 
 def create_app(
@@ -341,8 +374,13 @@ def create_app(
     clock: Callable[[], int] = time.monotonic_ns,
     watcher: StreamWatcher | None = None,
     stalls: BackendView | None = None,
+    tracing: Tracing | None = None,
 ) -> web.Application:
-    """The proxy application for one upstream; the session opens and closes with it."""
+    """The proxy application for one upstream; the session opens and closes with it.
+
+    ``tracing`` (built on an injected tracer provider) adds a span per observed
+    request and propagates W3C trace context upstream; without it, none.
+    """
     app = web.Application(client_max_size=config.max_body_bytes)
     state = ProxyState(
         config=config,
@@ -352,6 +390,7 @@ def create_app(
         labeler=ModelLabeler(config.model_label_limit, config.model_allowlist),
         watcher=watcher,
         stalls=stalls,
+        tracing=tracing,
         inject_usage=config.inject_usage,
     )
     app[STATE] = state

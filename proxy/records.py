@@ -53,6 +53,33 @@ class RequestLabels(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
+class BackendTimings:
+    """Durations the backend measured itself for one request, in seconds (on its own clock)."""
+
+    prefill_s: float | None = None
+    """Prompt processing (llama.cpp ``prompt_ms``, Ollama ``prompt_eval_duration``)."""
+    decode_s: float | None = None
+    """Token generation (llama.cpp ``predicted_ms``, Ollama ``eval_duration``)."""
+    per_token_s: float | None = None
+    """Generation time per output token (llama.cpp ``predicted_per_token_ms``)."""
+    load_s: float | None = None
+    """Model loading before the prompt was processed (Ollama ``load_duration``)."""
+    total_s: float | None = None
+    """The backend's own end-to-end time (Ollama ``total_duration``)."""
+
+
+def queue_time_s(ttft_s: float | None, timings: BackendTimings | None) -> float | None:
+    """Observed TTFT minus the backend's prefill (and model load): queueing and transport.
+
+    ``None`` when either is unknown. Clamped at 0: the backend's clock and ours
+    differ by a little, and the proxy's window always encloses the backend's.
+    """
+    if ttft_s is None or timings is None or timings.prefill_s is None:
+        return None
+    return max(0.0, ttft_s - timings.prefill_s - (timings.load_s or 0.0))
+
+
+@dataclass(frozen=True, slots=True)
 class RequestRecord:
     """Everything measured about one finished request."""
 
@@ -100,6 +127,16 @@ class RequestRecord:
     """``id`` of the response."""
     request_model: str
     """The model the client asked for, unbounded (spans only)."""
+    trace_id: str = ""
+    """Trace id (32 hex digits) of the request's span when it is sampled, else empty.
+
+    Travels as an exemplar on the TTFT and worst-gap histograms, never as a label."""
+    backend_timings: BackendTimings | None = None
+    """Timings the backend reported about itself (llama.cpp, Ollama), when it did."""
+    response_status: str = ""
+    """Terminal status the format reported (Responses ``completed``, ``incomplete``, ``failed``)."""
+    terminal_seen: bool = False
+    """The stream's terminal event arrived (``[DONE]``, ``message_stop``, ``done: true``, ...)."""
 
     @property
     def ttft_s(self) -> float | None:
@@ -114,6 +151,11 @@ class RequestRecord:
         if self.first_token_ns is None or self.forwarded_ns is None:
             return None
         return (self.first_token_ns - self.forwarded_ns) / 1e9
+
+    @property
+    def queue_time_s(self) -> float | None:
+        """Observed TTFT minus the backend's reported prefill: ``tokenstamp.request.queue_time``."""
+        return queue_time_s(self.ttft_s, self.backend_timings)
 
     @property
     def output_tokens(self) -> int:
@@ -148,6 +190,18 @@ class RequestRecord:
         if self.cached_tokens is None:
             return "unknown"
         return "hit" if self.cached_tokens > 0 else "miss"
+
+    def slo_met(self, ttft_target_s: float, tpot_target_s: float) -> bool:
+        """Both SLOs met: ended ``ok``, produced output within ``ttft_target_s``, and
+        decoded within ``tpot_target_s`` per token (or had fewer than two tokens)."""
+        ttft = self.ttft_s
+        tpot = self.tpot_s
+        return (
+            self.outcome is Outcome.OK
+            and ttft is not None
+            and ttft <= ttft_target_s
+            and (tpot is None or tpot <= tpot_target_s)
+        )
 
 
 class StallCause(StrEnum):
@@ -228,8 +282,12 @@ class Sink(Protocol):
     def request_started(self, labels: RequestLabels) -> None:
         """An observed request arrived (in-flight gauge up)."""
 
-    def gap(self, labels: RequestLabels, gap_s: float, request_id: str) -> None:
-        """One inter-token gap of a stream."""
+    def gap(self, labels: RequestLabels, gap_s: float, request_id: str, trace_id: str = "") -> None:
+        """One inter-token gap of a stream.
+
+        ``trace_id`` is given (the stream is sampled) only when this gap should
+        carry an exemplar: the stream's largest gap so far. Callers pass it only
+        when non-empty, so a sink may omit the parameter while tracing is off."""
 
     def request_finished(self, record: RequestRecord) -> None:
         """A request ended, any outcome (in-flight gauge down)."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from proxy.decoders.openai import ChunkInfo
-from proxy.records import Outcome, RequestLabels, RequestRecord, Sink
+from proxy.records import BackendTimings, Outcome, RequestLabels, RequestRecord, Sink
 
 
 class StreamWatcher(Protocol):
@@ -40,6 +40,7 @@ class StreamTimer:
         "_sink",
         "_watcher",
         "arrival_ns",
+        "backend_timings",
         "cached_tokens",
         "completion_tokens",
         "finish_reasons",
@@ -55,9 +56,12 @@ class StreamTimer:
         "request_model",
         "response_id",
         "response_model",
+        "response_status",
         "start_unix_ns",
         "stream_error",
         "streamed",
+        "terminal_seen",
+        "trace_id",
     )
 
     def __init__(
@@ -92,6 +96,11 @@ class StreamTimer:
         self.response_id = ""
         self.streamed = False
         self.stream_error = ""
+        self.backend_timings: BackendTimings | None = None
+        self.response_status = ""
+        self.terminal_seen = False
+        self.trace_id = ""
+        """The sampled span's trace id (set by the tracing adapter): exemplars carry it."""
         sink.request_started(labels)
 
     def forwarded(self, now_ns: int) -> None:
@@ -112,8 +121,14 @@ class StreamTimer:
             return
         gap_ns = now_ns - last
         self.gap_count += 1
-        self.max_gap_ns = max(self.max_gap_ns, gap_ns)
-        self._sink.gap(self.labels, gap_ns / 1e9, self.request_id)
+        if gap_ns > self.max_gap_ns:
+            self.max_gap_ns = gap_ns
+            if self.trace_id:  # a sampled stream's new worst gap carries an exemplar
+                self._sink.gap(self.labels, gap_ns / 1e9, self.request_id, self.trace_id)
+            else:
+                self._sink.gap(self.labels, gap_ns / 1e9, self.request_id)
+        else:
+            self._sink.gap(self.labels, gap_ns / 1e9, self.request_id)
         if self._watcher is not None:
             self._watcher.gap(self.request_id, last, now_ns)
 
@@ -137,6 +152,12 @@ class StreamTimer:
             self.response_id = info.response_id
         if info.error and not self.stream_error:
             self.stream_error = info.error
+        if info.backend_timings is not None:
+            self.backend_timings = info.backend_timings
+        if info.status:
+            self.response_status = info.status
+        if info.done:
+            self.terminal_seen = True
 
     def finish(
         self, end_ns: int, outcome: Outcome, status_code: int, error_type: str = ""
@@ -167,6 +188,10 @@ class StreamTimer:
             response_model=self.response_model,
             response_id=self.response_id,
             request_model=self.request_model,
+            trace_id=self.trace_id,
+            backend_timings=self.backend_timings,
+            response_status=self.response_status,
+            terminal_seen=self.terminal_seen,
         )
         self._sink.request_finished(record)
         return record

@@ -1,0 +1,150 @@
+"""One sink in front of several: every observation reaches each exporter, none breaks traffic.
+
+``FanoutSink`` implements ``proxy.records.Sink`` by calling each sink in
+order. An exception from one sink is swallowed (the others still get the
+observation, and the caller, the token path, never sees it), counted, and
+logged through ``ErrorLog``: at most one line per interval, carrying how many
+failures happened since the last line.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from proxy.records import (
+    Backend,
+    PrefillRecord,
+    RequestLabels,
+    RequestRecord,
+    Sink,
+    StallRecord,
+)
+
+log = logging.getLogger("tokenstamp.telemetry")
+
+LOG_EVERY_S = 60.0
+"""Shortest time between two log lines of one ``ErrorLog``."""
+
+
+class ErrorLog:
+    """Counts telemetry failures and logs them rate-limited (never raises)."""
+
+    __slots__ = ("_clock", "_every_s", "_last_s", "_logger", "_unlogged", "failures")
+
+    def __init__(
+        self,
+        logger: logging.Logger = log,
+        *,
+        every_s: float = LOG_EVERY_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._logger = logger
+        self._every_s = every_s
+        self._clock = clock
+        self._last_s: float | None = None
+        self._unlogged = 0
+        self.failures = 0
+        """Failures counted since start."""
+
+    def record(self, what: str, exc: BaseException | None = None) -> bool:
+        """Count one failure of ``what``; log it unless a line was written recently.
+
+        Returns whether a line was written.
+        """
+        self.failures += 1
+        self._unlogged += 1
+        now = self._clock()
+        if self._last_s is not None and now - self._last_s < self._every_s:
+            return False
+        self._last_s = now
+        n, self._unlogged = self._unlogged, 0
+        self._logger.warning(
+            "telemetry failure: %s (%d since the last line, %d in total); traffic is unaffected",
+            what,
+            n,
+            self.failures,
+            exc_info=exc,
+        )
+        return True
+
+
+class FanoutSink:
+    """A ``Sink`` passing every observation to each of ``sinks``, in order.
+
+    Nested fan-outs are flattened. Per gap the cost is one loop over the sinks.
+    """
+
+    __slots__ = ("errors", "sinks")
+
+    def __init__(self, *sinks: Sink, errors: ErrorLog | None = None) -> None:
+        flat: list[Sink] = []
+        for sink in sinks:
+            flat.extend(sink.sinks if isinstance(sink, FanoutSink) else (sink,))
+        self.sinks: tuple[Sink, ...] = tuple(flat)
+        """The sinks, called in this order."""
+        self.errors = errors if errors is not None else ErrorLog()
+        """Where failures are counted and logged."""
+
+    def _failed(self, sink: Sink, method: str, exc: Exception) -> None:
+        self.errors.record(f"{type(sink).__name__}.{method} raised {type(exc).__name__}", exc)
+
+    def request_started(self, labels: RequestLabels) -> None:
+        """Fan out ``request_started``."""
+        for sink in self.sinks:
+            try:
+                sink.request_started(labels)
+            except Exception as exc:
+                self._failed(sink, "request_started", exc)
+
+    def gap(self, labels: RequestLabels, gap_s: float, request_id: str, trace_id: str = "") -> None:
+        """Fan out ``gap`` (the trace id only when there is one, as the timer does)."""
+        for sink in self.sinks:
+            try:
+                if trace_id:
+                    sink.gap(labels, gap_s, request_id, trace_id)
+                else:
+                    sink.gap(labels, gap_s, request_id)
+            except Exception as exc:
+                self._failed(sink, "gap", exc)
+
+    def request_finished(self, record: RequestRecord) -> None:
+        """Fan out ``request_finished``."""
+        for sink in self.sinks:
+            try:
+                sink.request_finished(record)
+            except Exception as exc:
+                self._failed(sink, "request_finished", exc)
+
+    def decoder_error(self, backend: Backend, kind: str) -> None:
+        """Fan out ``decoder_error``."""
+        for sink in self.sinks:
+            try:
+                sink.decoder_error(backend, kind)
+            except Exception as exc:
+                self._failed(sink, "decoder_error", exc)
+
+    def unobserved(self, backend: Backend, reason: str) -> None:
+        """Fan out ``unobserved``."""
+        for sink in self.sinks:
+            try:
+                sink.unobserved(backend, reason)
+            except Exception as exc:
+                self._failed(sink, "unobserved", exc)
+
+    def stall(self, record: StallRecord) -> None:
+        """Fan out ``stall``."""
+        for sink in self.sinks:
+            try:
+                sink.stall(record)
+            except Exception as exc:
+                self._failed(sink, "stall", exc)
+
+    def prefill_done(self, record: PrefillRecord) -> None:
+        """Fan out ``prefill_done``."""
+        for sink in self.sinks:
+            try:
+                sink.prefill_done(record)
+            except Exception as exc:
+                self._failed(sink, "prefill_done", exc)

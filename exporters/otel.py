@@ -1,0 +1,174 @@
+"""OpenTelemetry metrics exporter: the METRICS.md instruments on an injected ``MeterProvider``.
+
+The same instruments as ``exporters.prometheus``, with the same names, units,
+bucket boundaries (explicit-bucket advice from ``exporters.names``) and
+attributes, so an OTLP-to-Prometheus pipeline yields the series a scrape of
+``/metrics`` yields. Attribute values are the Prometheus label values,
+empty ones included (Prometheus treats an empty label as absent), so the two
+paths agree series for series.
+
+Only the OpenTelemetry API is used here: the provider (SDK, readers, OTLP
+exporters) is built and owned by ``exporters.otel_setup``, or injected by a
+test. Attribute dicts of a request label set are built once and cached. The
+inter-token gap, the one observation per token, goes to ``GapHistograms``
+(about 1 µs) when the provider's reader bridges it (``exporters.otel_gaps``),
+else to the SDK histogram (about 14 µs).
+"""
+
+from __future__ import annotations
+
+from opentelemetry.metrics import Counter, Histogram, Meter, MeterProvider, UpDownCounter
+
+from exporters import names
+from exporters.otel_gaps import GapHistograms
+from exporters.prometheus import PrometheusSink, status_class
+from proxy import __version__
+from proxy.records import Backend, PrefillRecord, RequestLabels, RequestRecord, StallRecord
+
+METER_NAME = "tokenstamp"
+"""Instrumentation scope of every tokenstamp instrument."""
+
+Attributes = dict[str, str]
+
+request_label_values = PrometheusSink.request_label_values
+
+
+def histogram(meter: Meter, inst: names.Instrument) -> Histogram:
+    """The OpenTelemetry histogram of a METRICS.md instrument, with its bucket boundaries."""
+    assert inst.kind is names.Kind.HISTOGRAM, inst.name
+    return meter.create_histogram(
+        inst.name,
+        unit=inst.unit,
+        description=inst.description,
+        explicit_bucket_boundaries_advisory=inst.buckets,
+    )
+
+
+def counter(meter: Meter, inst: names.Instrument) -> Counter:
+    """The OpenTelemetry counter of a METRICS.md instrument."""
+    assert inst.kind is names.Kind.COUNTER, inst.name
+    return meter.create_counter(inst.name, unit=inst.unit, description=inst.description)
+
+
+def updown(meter: Meter, inst: names.Instrument) -> UpDownCounter:
+    """The OpenTelemetry up-down counter of a METRICS.md instrument."""
+    assert inst.kind is names.Kind.UPDOWN, inst.name
+    return meter.create_up_down_counter(inst.name, unit=inst.unit, description=inst.description)
+
+
+def attributes(inst: names.Instrument, *values: str) -> Attributes:
+    """``inst``'s attributes with ``values`` in its label order (one value per key)."""
+    return dict(zip(inst.attrs, values, strict=True))
+
+
+class OtelMetricsSink:
+    """A ``proxy.records.Sink`` recording the METRICS.md instruments through OpenTelemetry."""
+
+    def __init__(
+        self,
+        meter_provider: MeterProvider,
+        *,
+        slo_ttft_s: float = float("inf"),
+        slo_tpot_s: float = float("inf"),
+        gaps: GapHistograms | None = None,
+    ) -> None:
+        """Instruments on ``meter_provider``; gaps into ``gaps`` when its reader bridges them."""
+        meter = meter_provider.get_meter(METER_NAME, __version__)
+        self._gaps = gaps
+        self.slo_ttft_s = slo_ttft_s
+        """TTFT target for ``tokenstamp.requests.slo``."""
+        self.slo_tpot_s = slo_tpot_s
+        """TPOT target for ``tokenstamp.requests.slo``."""
+        self._ttft = histogram(meter, names.TTFT)
+        self._tpot = histogram(meter, names.TPOT)
+        self._gap = histogram(meter, names.GAP)
+        self._duration = histogram(meter, names.DURATION)
+        self._tokens = histogram(meter, names.TOKEN_USAGE)
+        self._max_gap = histogram(meter, names.MAX_GAP)
+        self._requests = counter(meter, names.REQUESTS)
+        self._slo = counter(meter, names.SLO_REQUESTS)
+        self._decoder_errors = counter(meter, names.DECODER_ERRORS)
+        self._unobserved = counter(meter, names.UNOBSERVED)
+        self._active = updown(meter, names.STREAMS_ACTIVE)
+        self._stall_duration = histogram(meter, names.STALL_DURATION)
+        self._stalled_streams = histogram(meter, names.STALLED_STREAMS)
+        self._stalls = counter(meter, names.STALLS)
+        self._stutter_cost = counter(meter, names.STUTTER_COST)
+        self._request_attrs: dict[RequestLabels, Attributes] = {}
+
+    def _attrs(self, labels: RequestLabels) -> Attributes:
+        """The request attributes of ``labels`` (cached; labels are bounded by the proxy)."""
+        attrs = self._request_attrs.get(labels)
+        if attrs is None:
+            attrs = dict(zip(names.REQUEST_ATTRS, request_label_values(labels), strict=True))
+            self._request_attrs[labels] = attrs
+        return attrs
+
+    def request_started(self, labels: RequestLabels) -> None:
+        """Active streams up."""
+        self._active.add(1, self._attrs(labels))
+
+    def gap(self, labels: RequestLabels, gap_s: float, request_id: str, trace_id: str = "") -> None:
+        """One inter-token gap."""
+        gaps = self._gaps
+        if gaps is not None:
+            gaps.observe(labels, gap_s)
+        else:
+            self._gap.record(gap_s, self._attrs(labels))
+
+    def request_finished(self, record: RequestRecord) -> None:
+        """Everything observed once per request (as ``PrometheusSink.request_finished``)."""
+        labels = record.labels
+        base = self._attrs(labels)
+        self._active.add(-1, base)
+        values = request_label_values(labels)
+        err = record.error_type
+        self._duration.record(record.duration_s, attributes(names.DURATION, *values, err))
+        outcome = record.outcome.value
+        status = status_class(record.status_code)
+        self._requests.add(1, attributes(names.REQUESTS, *values, outcome, status, err))
+        if record.prompt_tokens is not None:
+            self._tokens.record(
+                record.prompt_tokens, attributes(names.TOKEN_USAGE, *values, "input")
+            )
+        if record.completion_tokens is not None:
+            self._tokens.record(
+                record.completion_tokens, attributes(names.TOKEN_USAGE, *values, "output")
+            )
+        if not record.streamed:
+            return
+        ttft = record.ttft_s
+        if ttft is not None:
+            self._ttft.record(ttft, attributes(names.TTFT, *values, record.prefix_cache))
+        tpot = record.tpot_s
+        if tpot is not None:
+            self._tpot.record(tpot, base)
+        if record.gap_count:
+            self._max_gap.record(record.max_gap_s, base)
+        met = record.slo_met(self.slo_ttft_s, self.slo_tpot_s)
+        self._slo.add(1, attributes(names.SLO_REQUESTS, *values, "met" if met else "missed"))
+
+    def decoder_error(self, backend: Backend, kind: str) -> None:
+        """One undecodable upstream event."""
+        self._decoder_errors.add(
+            1, attributes(names.DECODER_ERRORS, backend.provider, backend.address, kind)
+        )
+
+    def unobserved(self, backend: Backend, reason: str) -> None:
+        """One request passed through without timing."""
+        self._unobserved.add(
+            1, attributes(names.UNOBSERVED, backend.provider, backend.address, reason)
+        )
+
+    def stall(self, record: StallRecord) -> None:
+        """One stall: counted and its duration recorded, by cause."""
+        b = record.backend
+        attrs = attributes(names.STALLS, b.provider, b.address, record.cause.value)
+        self._stalls.add(1, attrs)
+        self._stall_duration.record(record.duration_s, attrs)
+
+    def prefill_done(self, record: PrefillRecord) -> None:
+        """One finished prefill: streams it stalled (0 too) and its stutter cost."""
+        attrs = self._attrs(record.labels)
+        self._stalled_streams.record(record.stalled_streams, attrs)
+        self._stutter_cost.add(record.stutter_cost_s, attrs)

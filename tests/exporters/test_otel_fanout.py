@@ -1,0 +1,109 @@
+"""FanoutSink: every sink gets every observation; one failing sink breaks nothing, logs rarely."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from prometheus_client import CollectorRegistry
+
+from exporters.fanout import ErrorLog, FanoutSink
+from exporters.otel import OtelMetricsSink
+from exporters.prometheus import PrometheusSink
+from proxy.records import Backend, Outcome, RequestLabels
+from proxy.timing import StreamTimer
+
+BACKEND = Backend("vllm", "b")
+LABELS = RequestLabels("chat", "m", BACKEND)
+PROM_LABELS = {
+    "gen_ai_operation_name": "chat",
+    "gen_ai_provider_name": "vllm",
+    "gen_ai_request_model": "m",
+    "server_address": "b",
+}
+
+
+class Broken:
+    """A sink whose every method raises."""
+
+    def __getattr__(self, name):
+        def fail(*args, **kwargs):
+            raise RuntimeError(f"{name} broke")
+
+        return fail
+
+
+def _gap_count(metrics) -> int:
+    (rm,) = metrics.resource_metrics
+    for sm in rm.scope_metrics:
+        for metric in sm.metrics:
+            if metric.name == "gen_ai.client.operation.time_per_output_chunk":
+                return sum(p.count for p in metric.data.data_points)
+    return 0
+
+
+def _stream(sink, trace_id: str = "") -> None:
+    """One stream of three tokens through a real timer (1 ms, then 5 ms apart)."""
+    timer = StreamTimer("r1", LABELS, arrival_ns=0, start_unix_ns=0, sink=sink)
+    timer.trace_id = trace_id
+    timer.forwarded(1_000)
+    for ns in (10_000_000, 11_000_000, 16_000_000):
+        timer.output(ns)
+    timer.streamed = True
+    timer.finish(20_000_000, Outcome.OK, 200)
+
+
+def test_every_sink_gets_every_observation_despite_a_broken_one(caplog):
+    registry = CollectorRegistry()
+    reader = InMemoryMetricReader()
+    prom = PrometheusSink(registry)
+    otel = OtelMetricsSink(MeterProvider(metric_readers=[reader]))
+    now = [0.0]
+    errors = ErrorLog(every_s=60.0, clock=lambda: now[0])
+    fan = FanoutSink(prom, Broken(), FanoutSink(otel), errors=errors)  # nested: flattened
+    assert len(fan.sinks) == 3
+    with caplog.at_level(logging.WARNING, logger="tokenstamp.telemetry"):
+        _stream(fan, trace_id="ab" * 16)
+        fan.decoder_error(BACKEND, "invalid_json")
+        fan.unobserved(BACKEND, "body_not_json")
+    gaps = "gen_ai_client_operation_time_per_output_chunk_seconds_count"
+    assert registry.get_sample_value(gaps, PROM_LABELS) == 2
+    assert _gap_count(reader.get_metrics_data()) == 2
+    # request_started, gap x2, request_finished, decoder_error, unobserved: 6 failures, 1 line
+    assert errors.failures == 6
+    (line,) = [r for r in caplog.records if r.name == "tokenstamp.telemetry"]
+    assert "Broken.request_started raised RuntimeError" in line.getMessage()
+    now[0] += 61.0
+    with caplog.at_level(logging.WARNING, logger="tokenstamp.telemetry"):
+        fan.request_started(LABELS)
+    assert "(6 since the last line, 7 in total)" in caplog.records[-1].getMessage()
+
+
+def test_a_sampled_streams_worst_gaps_carry_exemplars():
+    registry = CollectorRegistry()
+    _stream(PrometheusSink(registry), trace_id="cd" * 16)
+    from prometheus_client.openmetrics.exposition import generate_latest
+
+    text = generate_latest(registry).decode()
+    gap_lines = [
+        line
+        for line in text.splitlines()
+        if line.startswith("gen_ai_client_operation_time_per_output_chunk_seconds_bucket")
+        and "trace_id" in line
+    ]
+    # The first gap (1 ms) and the new worst (5 ms) carry it; buckets keep the latest.
+    assert {line.split('le="')[1].split('"')[0] for line in gap_lines} == {"0.001", "0.005"}
+    assert all(f'trace_id="{"cd" * 16}"' in line for line in gap_lines)
+
+
+def test_unsampled_streams_call_gap_with_three_arguments():
+    calls: list[tuple] = []
+
+    class ThreeArgs(PrometheusSink):
+        def gap(self, labels, gap_s, request_id):  # an older sink without exemplars
+            calls.append((labels, gap_s, request_id))
+
+    _stream(ThreeArgs(CollectorRegistry()))
+    assert [c[1] for c in calls] == pytest.approx([0.001, 0.005])

@@ -1,0 +1,200 @@
+"""OpenTelemetry metrics equal the Prometheus scrape, series for series (in-memory reader).
+
+The proxy runs in front of the simulator with an injected ``MeterProvider``
+(an ``InMemoryMetricReader``, never a global); a few streams, a long prompt
+that stalls them, a non-streamed request and an unobservable one go through.
+The OpenTelemetry data is encoded as OTLP (what an exporter sends) and
+translated the way an OTLP-to-Prometheus pipeline does (dots to underscores,
+unit ``s`` to ``_seconds``, ``{...}`` units dropped, monotonic sums
+``_total``, cumulative buckets): the result must equal the samples of a
+``/metrics`` scrape taken at the same moment, with units and descriptions from
+``exporters.names``. ``tests/exporters/test_otel_otlp_functional.py`` does the
+same over a real OTLP/HTTP round trip, with the helpers below.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import aiohttp
+import pytest
+from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.utils import floatToGoString
+
+from exporters import names
+from proxy.config import HostPort, ProxyConfig
+from proxy.server import RunningProxy, start_proxy
+from simulator.engine import EngineConfig
+from simulator.profile import BUILTIN_PROFILES
+from simulator.server import create_app
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+BY_NAME = {inst.name: inst for inst in names.ALL}
+
+
+def scrape_samples(text: str) -> Samples:
+    """Samples of a Prometheus text exposition, ``_created`` left out."""
+    out: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if not s.name.endswith("_created"):
+                out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def _value(attr: Any) -> str:
+    kind = attr.WhichOneof("value")
+    return str(getattr(attr, kind)) if kind else ""
+
+
+def _labels(attributes: Any, extra: tuple[tuple[str, str], ...] = ()) -> frozenset[tuple[str, str]]:
+    return frozenset(
+        {(kv.key.replace(".", "_"), _value(kv.value)) for kv in attributes} | set(extra)
+    )
+
+
+def prometheus_name(metric: Any) -> str:
+    """The name an OTLP-to-Prometheus translation gives ``metric`` (without sample suffixes)."""
+    base = metric.name.replace(".", "_")
+    unit = metric.unit
+    if unit and not unit.startswith("{"):
+        base += "_" + {"s": "seconds"}[unit]
+    kind = metric.WhichOneof("data")
+    if kind == "sum" and metric.sum.is_monotonic:
+        base += "_total"
+    return base
+
+
+def otlp_samples(request: ExportMetricsServiceRequest) -> Samples:
+    """Samples an OTLP-to-Prometheus pipeline makes of one (cumulative) export."""
+    out: Samples = {}
+    for rm in request.resource_metrics:
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                name = prometheus_name(metric)
+                kind = metric.WhichOneof("data")
+                if kind == "histogram":
+                    for p in metric.histogram.data_points:
+                        total = 0
+                        bounds = [*p.explicit_bounds, float("inf")]
+                        for bound, count in zip(bounds, p.bucket_counts, strict=True):
+                            total += count
+                            le = (("le", floatToGoString(bound)),)
+                            out[(name + "_bucket", _labels(p.attributes, le))] = total
+                        out[(name + "_sum", _labels(p.attributes))] = p.sum
+                        out[(name + "_count", _labels(p.attributes))] = p.count
+                else:
+                    assert kind == "sum", metric
+                    for p in metric.sum.data_points:
+                        v = p.as_double if p.WhichOneof("value") == "as_double" else p.as_int
+                        out[(name, _labels(p.attributes))] = v
+    return out
+
+
+def check_same_as_scrape(request: ExportMetricsServiceRequest, scraped: str) -> set[str]:
+    """Assert the OTLP export and the scrape agree; return the instrument names seen."""
+    seen: set[str] = set()
+    for rm in request.resource_metrics:
+        for sm in rm.scope_metrics:
+            assert sm.scope.name == "tokenstamp"
+            for metric in sm.metrics:
+                inst = BY_NAME[metric.name]
+                assert metric.unit == inst.unit, metric.name
+                assert metric.description == inst.description
+                assert prometheus_name(metric) == (
+                    inst.prom_series if inst.kind is names.Kind.COUNTER else inst.prom_name
+                )
+                if inst.kind is names.Kind.HISTOGRAM:
+                    for p in metric.histogram.data_points:
+                        assert tuple(p.explicit_bounds) == inst.buckets, metric.name
+                seen.add(metric.name)
+    got = otlp_samples(request)
+    want = scrape_samples(scraped)
+    assert len(want) > 150  # the comparison covers real data
+    assert set(got) == set(want), set(got) ^ set(want)
+    for key, value in want.items():
+        assert got[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+    return seen
+
+
+async def _stream(session: aiohttp.ClientSession, url: str, i: int, max_tokens: int) -> None:
+    body = {
+        "model": "tokenstamp-sim",
+        "messages": [{"role": "user", "content": ("word " * 3200) if i < 0 else f"s {i}"}],
+        "stream": True,
+        "max_tokens": max_tokens,
+    }
+    async with session.post(url + "/v1/chat/completions", json=body) as resp:
+        assert resp.status == 200
+        await resp.read()
+
+
+async def drive(proxy: RunningProxy) -> str:
+    """Streams, a stalling long prompt, a non-streamed and an unobservable request; the scrape."""
+    url = proxy.url
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        async with asyncio.TaskGroup() as group:
+            for i in range(4):
+                group.create_task(_stream(session, url, i, 50))
+            await asyncio.sleep(0.5)
+            await _stream(session, url, -1, 3)
+        body = {"model": "tokenstamp-sim", "messages": [{"role": "user", "content": "x"}]}
+        async with session.post(url + "/v1/chat/completions", json=body) as resp:
+            assert resp.status == 200
+        async with session.post(url + "/v1/chat/completions", data=b"not json") as resp:
+            await resp.read()
+        assert proxy.stalls is not None
+        proxy.stalls.flush(time.monotonic_ns() + 10 * 10**9)  # every stall and prefill final
+        async with session.get(proxy.admin_url + "/metrics") as resp:
+            return await resp.text()
+
+
+@pytest.fixture
+async def simulator_url(aiohttp_server) -> str:
+    sim = await aiohttp_server(create_app(EngineConfig(BUILTIN_PROFILES["seed"])))
+    return str(sim.make_url("")).rstrip("/")
+
+
+def config(upstream: str, **overrides: Any) -> ProxyConfig:
+    return ProxyConfig(
+        upstream=upstream,
+        listen=HostPort("127.0.0.1", 0),
+        admin=HostPort("127.0.0.1", 0),
+        backend_name="sim",
+        provider="vllm",
+        slo_ttft_s=0.5,
+        **overrides,
+    )
+
+
+@pytest.mark.timeout(60)
+async def test_in_memory_metrics_equal_the_prometheus_scrape(simulator_url):
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    proxy = await start_proxy(
+        config(simulator_url), registry=CollectorRegistry(), meter_provider=provider
+    )
+    try:
+        scraped = await drive(proxy)
+        data = reader.get_metrics_data()
+    finally:
+        await proxy.close(drain_timeout_s=1.0)
+        provider.shutdown()
+    assert data is not None
+    seen = check_same_as_scrape(encode_metrics(data), scraped)
+    # Everything this traffic can produce was produced (the stall path included).
+    assert seen >= {
+        names.TTFT.name, names.TPOT.name, names.GAP.name, names.DURATION.name,
+        names.TOKEN_USAGE.name, names.MAX_GAP.name, names.REQUESTS.name, names.SLO_REQUESTS.name,
+        names.UNOBSERVED.name, names.STREAMS_ACTIVE.name, names.STALLS.name,
+        names.STALL_DURATION.name, names.STALLED_STREAMS.name, names.STUTTER_COST.name,
+    }  # fmt: skip

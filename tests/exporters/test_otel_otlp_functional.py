@@ -1,0 +1,210 @@
+"""OTLP over HTTP for real: the proxy's SDK exporters -> an in-test collector (aiohttp + protobuf).
+
+The collector decodes what the proxy sends with the ``opentelemetry-proto``
+messages. The metrics must translate to exactly the series of a ``/metrics``
+scrape; the spans must be the requests'. A collector that is down, or slow,
+changes nothing for the client: the same bytes, no waiting on export; failed
+exports are counted and their log lines rate-limited; shutdown stays bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import logging
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+import pytest
+from aiohttp import web
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
+from prometheus_client import CollectorRegistry
+
+from exporters.otel_setup import SDK_EXPORT_LOGGERS, OtlpSettings, Telemetry
+from proxy.server import start_proxy
+from tests.conftest import Script
+from tests.exporters.test_otel_metrics_functional import check_same_as_scrape, config, drive
+from tests.promserver import free_port
+from tests.proxy.test_proxy_functional import body, vllm_like
+
+
+@dataclass
+class Collector:
+    """What the in-test OTLP/HTTP collector received."""
+
+    url: str = ""
+    traces: list[ExportTraceServiceRequest] = field(default_factory=list)
+    metrics: list[ExportMetricsServiceRequest] = field(default_factory=list)
+    delay_s: float = 0.0
+    content_types: set[str] = field(default_factory=set)
+
+    def spans(self) -> list[ProtoSpan]:
+        return [
+            span
+            for req in self.traces
+            for rs in req.resource_spans
+            for ss in rs.scope_spans
+            for span in ss.spans
+        ]
+
+
+@pytest.fixture
+async def collector(aiohttp_server) -> Collector:
+    got = Collector()
+
+    async def payload(request: web.Request) -> bytes:
+        got.content_types.add(request.content_type)
+        data = await request.read()
+        if request.headers.get("Content-Encoding") == "gzip":
+            data = gzip.decompress(data)
+        if got.delay_s:
+            await asyncio.sleep(got.delay_s)
+        return data
+
+    async def traces(request: web.Request) -> web.Response:
+        got.traces.append(ExportTraceServiceRequest.FromString(await payload(request)))
+        answer = ExportTraceServiceResponse().SerializeToString()
+        return web.Response(body=answer, content_type="application/x-protobuf")
+
+    async def metrics(request: web.Request) -> web.Response:
+        got.metrics.append(ExportMetricsServiceRequest.FromString(await payload(request)))
+        answer = ExportMetricsServiceResponse().SerializeToString()
+        return web.Response(body=answer, content_type="application/x-protobuf")
+
+    app = web.Application()
+    app.router.add_post("/v1/traces", traces)
+    app.router.add_post("/v1/metrics", metrics)
+    server = await aiohttp_server(app)
+    got.url = str(server.make_url("")).rstrip("/")
+    return got
+
+
+@pytest.fixture
+async def simulator_url(aiohttp_server) -> str:
+    from simulator.engine import EngineConfig
+    from simulator.profile import BUILTIN_PROFILES
+    from simulator.server import create_app
+
+    sim = await aiohttp_server(create_app(EngineConfig(BUILTIN_PROFILES["seed"])))
+    return str(sim.make_url("")).rstrip("/")
+
+
+@pytest.mark.timeout(60)
+async def test_otlp_http_round_trip_equals_the_scrape(simulator_url, collector):
+    # Built by start_proxy itself from --otlp-endpoint, as `tokenstamp serve` does.
+    proxy = await start_proxy(
+        config(simulator_url, otlp_endpoint=collector.url), registry=CollectorRegistry()
+    )
+    telemetry = proxy.telemetry
+    assert telemetry is not None
+    try:
+        scraped = await drive(proxy)
+        assert await telemetry.flush()
+        assert collector.metrics, "no metrics arrived"
+        check_same_as_scrape(collector.metrics[-1], scraped)
+        assert proxy.state.tracing is not None
+        proxy.state.tracing.sweep(1 << 62)  # end the spans lingering for late stalls
+        assert await telemetry.flush()
+    finally:
+        await proxy.close(drain_timeout_s=1.0)
+    assert collector.content_types == {"application/x-protobuf"}
+    spans = collector.spans()
+    # Four streams, the long prompt and the non-streamed request; the non-JSON one has none.
+    assert len(spans) == 6
+    assert {s.name for s in spans} == {"chat tokenstamp-sim"}
+    assert {s.kind for s in spans} == {ProtoSpan.SPAN_KIND_SERVER}
+    assert len({s.trace_id for s in spans}) == 6
+    resource = {
+        kv.key: kv.value.string_value
+        for kv in collector.traces[0].resource_spans[0].resource.attributes
+    }
+    assert resource["service.name"]  # "tokenstamp" unless OTEL_SERVICE_NAME says otherwise
+    assert telemetry.health.failed == {"traces": 0, "metrics": 0}
+
+
+async def _timed_stream(url: str, delays: list[float]) -> tuple[bytes, float]:
+    start = time.monotonic()
+    async with aiohttp.ClientSession() as s:
+        async with s.post(url + "/v1/chat/completions", json=body()) as r:
+            got = await r.read()
+    return got, time.monotonic() - start
+
+
+def _telemetry(endpoint: str, timeout_s: str) -> Telemetry:
+    settings = OtlpSettings(endpoint + "/v1/traces", endpoint + "/v1/metrics")
+    return Telemetry(settings, {"OTEL_EXPORTER_OTLP_TIMEOUT": timeout_s})
+
+
+@pytest.mark.timeout(60)
+async def test_dead_collector_changes_nothing_for_the_client(upstream, caplog):
+    delays = [0.02] * 10
+    upstream.script = Script(vllm_like(delays, usage=True))
+    expected = b"".join(d for _, d in vllm_like(delays, usage=False))
+    telemetry = _telemetry(f"http://127.0.0.1:{free_port()}", "1")
+    proxy = await start_proxy(
+        config(upstream.url, stall_detection=False),
+        registry=CollectorRegistry(),
+        tracer_provider=telemetry.tracer_provider,
+        meter_provider=telemetry.meter_provider,
+    )
+    caplog.set_level(logging.WARNING)
+    try:
+        for _ in range(3):
+            got, took_s = await _timed_stream(proxy.url, delays)
+            assert got == expected
+            assert took_s < sum(delays) + 1.0  # no export on the request path
+            assert await telemetry.flush(timeout_s=10)  # each flush: one failed export per signal
+    finally:
+        await proxy.close(drain_timeout_s=1.0)
+        started = time.monotonic()
+        await telemetry.shutdown(timeout_s=3)
+        assert time.monotonic() - started < 5
+    assert telemetry.health.failed["traces"] >= 3
+    assert telemetry.health.failed["metrics"] >= 3
+    sdk_lines = [r for r in caplog.records if r.name in SDK_EXPORT_LOGGERS]
+    per_logger = {name: sum(r.name == name for r in sdk_lines) for name in SDK_EXPORT_LOGGERS}
+    assert sdk_lines, "the failure was not logged at all"
+    assert max(per_logger.values()) == 1, per_logger  # one line a minute per logger
+    assert all("exports failed so far" in r.getMessage() for r in sdk_lines)
+    assert telemetry.log_filter.suppressed > 0
+
+
+@pytest.mark.timeout(60)
+async def test_slow_collector_changes_nothing_for_the_client(upstream, collector):
+    delays = [0.02] * 10
+    upstream.script = Script(vllm_like(delays, usage=True))
+    expected = b"".join(d for _, d in vllm_like(delays, usage=False))
+    collector.delay_s = 1.5
+    telemetry = _telemetry(collector.url, "10")
+    proxy = await start_proxy(
+        config(upstream.url, stall_detection=False),
+        registry=CollectorRegistry(),
+        tracer_provider=telemetry.tracer_provider,
+        meter_provider=telemetry.meter_provider,
+    )
+    try:
+        got, _ = await _timed_stream(proxy.url, delays)
+        assert got == expected
+        async with asyncio.TaskGroup() as group:
+            flushing = group.create_task(telemetry.flush(timeout_s=20))
+            await asyncio.sleep(0.2)  # the export thread now waits on the collector
+            assert not flushing.done()
+            got, took_s = await _timed_stream(proxy.url, delays)
+            assert got == expected
+            assert took_s < sum(delays) + 1.0
+            assert not flushing.done()  # the stream did not wait for the export
+        assert flushing.result()
+    finally:
+        await proxy.close(drain_timeout_s=1.0)
+        await telemetry.shutdown(timeout_s=10)
+    assert len(collector.spans()) == 2
+    assert telemetry.health.failed == {"traces": 0, "metrics": 0}
