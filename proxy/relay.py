@@ -1,4 +1,4 @@
-"""Relaying an upstream response body to the client: plain, timed SSE, timed JSON.
+"""Relaying an upstream response body to the client: plain, timed SSE or NDJSON, timed JSON.
 
 The hot path. Per read: stamp, write, then look (with usage stripping on, the
 read is split at event boundaries before writing: see ``proxy.usage``).
@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
-from orjson import loads
 
-from proxy.decoders.openai import OUTPUT, ChunkInfo, interpret, interpret_object
+from proxy.decoders.ndjson import NdjsonDecoder
+from proxy.decoders.openai import OUTPUT, ChunkInfo
+from proxy.decoders.registry import OPENAI_CHAT, Format, interpret_json_body
 from proxy.decoders.sse import SseDecoder
 from proxy.records import Outcome
 from proxy.timing import StreamTimer
@@ -47,13 +48,15 @@ def _disconnected(resp: web.StreamResponse) -> RelayResult:
     )
 
 
-async def relay_plain(up: aiohttp.ClientResponse, resp: web.StreamResponse) -> RelayResult:
-    """Copy the body unchanged, read by read."""
+async def relay_plain(
+    up: aiohttp.ClientResponse, resp: web.StreamResponse, *, judge_status: bool = False
+) -> RelayResult:
+    """Copy the body unchanged, read by read (``judge_status``: a 5xx is an upstream error)."""
     content = up.content
     while True:
         chunk = await content.readany()
         if not chunk:
-            return RelayResult(resp, Outcome.OK, resp.status)
+            return _by_status(resp) if judge_status else RelayResult(resp, Outcome.OK, resp.status)
         try:
             await resp.write(chunk)
         except ConnectionError:
@@ -67,8 +70,10 @@ async def relay_sse(
     state: ProxyState,
     *,
     strip_usage: bool,
+    fmt: Format = OPENAI_CHAT,
 ) -> RelayResult:
-    """Copy an event stream unchanged while timing every output event."""
+    """Copy an event stream unchanged while timing every output event of ``fmt``."""
+    interpret = fmt.interpret
     clock = state.clock
     sink = state.sink
     backend = state.backend
@@ -87,14 +92,16 @@ async def relay_sse(
             except ConnectionError:
                 return _disconnected(resp)
             events = decoder.feed(chunk)
-            known = bool(timer.response_id)
-            infos: list[ChunkInfo | None] = [interpret(ev.data, known_ids=known) for ev in events]
+            known = bool(timer.response_id or timer.response_model)
+            infos: list[ChunkInfo | None] = [
+                interpret(ev.data, ev.event, known_ids=known) for ev in events
+            ]
         else:
             events = decoder.feed(chunk)
             infos = []
-            known = bool(timer.response_id)
+            known = bool(timer.response_id or timer.response_model)
             for ev in events:
-                info = interpret(ev.data, known_ids=known)
+                info = interpret(ev.data, ev.event, known_ids=known)
                 infos.append(info)
                 if info is not None and info.usage_only:
                     cutter.cut(ev.start_offset, ev.end_offset, ev.open_cr)
@@ -127,11 +134,58 @@ async def relay_sse(
     return _by_status(resp)
 
 
+async def relay_ndjson(
+    up: aiohttp.ClientResponse,
+    resp: web.StreamResponse,
+    timer: StreamTimer,
+    state: ProxyState,
+    fmt: Format,
+) -> RelayResult:
+    """Copy a newline-delimited JSON stream unchanged while timing every output event."""
+    interpret = fmt.interpret
+    clock = state.clock
+    sink = state.sink
+    backend = state.backend
+    decoder = NdjsonDecoder(state.config.max_event_bytes)
+    content = up.content
+    oversized = 0
+    while True:
+        chunk = await content.readany()
+        now_ns = clock()
+        if chunk:
+            try:
+                await resp.write(chunk)
+            except ConnectionError:
+                return _disconnected(resp)
+            lines = decoder.feed(chunk)
+        else:
+            lines = decoder.close()  # the last line may lack its LF
+        known = bool(timer.response_id or timer.response_model)
+        for line in lines:
+            info = interpret(line.text, "", known_ids=known)
+            if info is OUTPUT:
+                timer.output(now_ns)
+            elif info is None:
+                sink.decoder_error(backend, "invalid_json")
+            else:
+                timer.chunk(info, now_ns)
+        if decoder.errors != oversized:
+            for _ in range(decoder.errors - oversized):
+                sink.decoder_error(backend, "oversized_event")
+            oversized = decoder.errors
+        if not chunk:
+            break
+    if timer.stream_error:
+        return RelayResult(resp, Outcome.UPSTREAM_ERROR, resp.status, timer.stream_error)
+    return _by_status(resp)
+
+
 async def relay_json(
     up: aiohttp.ClientResponse,
     resp: web.StreamResponse,
     timer: StreamTimer,
     state: ProxyState,
+    fmt: Format = OPENAI_CHAT,
 ) -> RelayResult:
     """Copy a non-streaming body unchanged; read usage from it at the end.
 
@@ -160,7 +214,7 @@ async def relay_json(
     if too_big:
         state.sink.decoder_error(state.backend, "oversized_event")
     elif copy:
-        info = _body_info(bytes(copy))
+        info = interpret_json_body(fmt, bytes(copy))
         if info is None:
             state.sink.decoder_error(state.backend, "invalid_json")
         else:
@@ -169,14 +223,6 @@ async def relay_json(
     if timer.stream_error and resp.status < 400:
         return RelayResult(resp, Outcome.UPSTREAM_ERROR, resp.status, timer.stream_error)
     return _by_status(resp)
-
-
-def _body_info(body: bytes) -> ChunkInfo | None:
-    try:
-        obj = loads(body)
-    except ValueError:
-        return None
-    return interpret_object(obj) if isinstance(obj, dict) else None
 
 
 def _by_status(resp: web.StreamResponse) -> RelayResult:

@@ -31,6 +31,7 @@ from typing import Any
 
 from proxy.decoders.meaning import (
     NOT_OUTPUT,
+    OUTPUT,
     ChunkMeaning,
     count,
     error_kind,
@@ -38,18 +39,17 @@ from proxy.decoders.meaning import (
     obj_at,
     text,
 )
-from proxy.decoders.openai import Usage
+from proxy.decoders.openai import ChunkInfo, Usage
 
-_OUTPUT_DELTAS = {
+OUTPUT_DELTAS = {
     "text_delta": "text",
     "thinking_delta": "thinking",
     "input_json_delta": "partial_json",
 }
 _DONE = ChunkMeaning(output=False, done=True)
-_OUTPUT = ChunkMeaning(output=True)
 
 
-def interpret(data: str, event: str = "message") -> ChunkMeaning | None:
+def interpret(data: str, event: str = "message", *, known_ids: bool = False) -> ChunkInfo | None:
     """Interpret one event's data (``event`` is its SSE name); ``None`` when not decodable."""
     obj = load_object(data)
     if obj is None:
@@ -58,7 +58,7 @@ def interpret(data: str, event: str = "message") -> ChunkMeaning | None:
     if not isinstance(kind, str):
         kind = event
     if kind == "content_block_delta":
-        return _OUTPUT if _delta_is_output(obj.get("delta")) else NOT_OUTPUT
+        return OUTPUT if _delta_is_output(obj.get("delta")) else NOT_OUTPUT
     if kind == "message_start":
         return _message(obj_at(obj, "message") or {}, start=True)
     if kind == "message_delta":
@@ -82,7 +82,7 @@ def interpret_body(obj: dict[str, Any]) -> ChunkMeaning:
 def _delta_is_output(delta: Any) -> bool:
     if not isinstance(delta, dict):
         return False
-    field = _OUTPUT_DELTAS.get(text(delta.get("type")))
+    field = OUTPUT_DELTAS.get(text(delta.get("type")))
     return field is not None and bool(text(delta.get(field)))
 
 

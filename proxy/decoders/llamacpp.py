@@ -16,7 +16,8 @@ whose data is ``{"error": {"code", "message", "type"}}``; older servers wrote
 a non-standard ``error:`` field, which the WHATWG rules ignore (the stream
 then just ends without its ``stop: true`` event).
 
-Output events: an event with non-empty ``content``.
+Output events: an event with non-empty ``content``. Counts, timings and the
+stop reason are read from the final event only.
 
 ``timings.cache_n`` is the prefix-cache hit; ``tokens_cached`` is not used,
 as it counts every token in the slot's cache, generated ones included.
@@ -33,6 +34,7 @@ from typing import Any
 
 from proxy.decoders.meaning import (
     NOT_OUTPUT,
+    OUTPUT,
     BackendTimings,
     ChunkMeaning,
     count,
@@ -42,20 +44,19 @@ from proxy.decoders.meaning import (
     seconds,
     text,
 )
-from proxy.decoders.openai import Usage
+from proxy.decoders.openai import ChunkInfo, Usage
 
 _MS = 1e3
-_OUTPUT = ChunkMeaning(output=True)
 _STOPPED = (("stopped_eos", "eos"), ("stopped_limit", "limit"), ("stopped_word", "word"))
 
 
-def interpret(data: str, event: str = "message") -> ChunkMeaning | None:
+def interpret(data: str, event: str = "message", *, known_ids: bool = False) -> ChunkInfo | None:
     """Interpret one event's data (``event`` is unused); ``None`` when not decodable."""
     obj = load_object(data)
     return None if obj is None else interpret_body(obj)
 
 
-def interpret_body(obj: dict[str, Any]) -> ChunkMeaning:
+def interpret_body(obj: dict[str, Any]) -> ChunkInfo:
     """Interpret one decoded event, or a non-streaming ``/completion`` body."""
     err = obj.get("error")
     if err is not None:
@@ -63,20 +64,21 @@ def interpret_body(obj: dict[str, Any]) -> ChunkMeaning:
             output=False, error=error_kind(err.get("type") if isinstance(err, dict) else None)
         )
     output = bool(text(obj.get("content")))
+    if obj.get("stop") is not True:
+        # Partial results repeat running counts (and timings, with timings_per_token):
+        # the final event has them all, so a token stays on the fast path.
+        return OUTPUT if output else NOT_OUTPUT
     timings_obj = obj_at(obj, "timings")
-    stop = obj.get("stop") is True
-    if not stop and timings_obj is None and "tokens_predicted" not in obj:
-        return _OUTPUT if output else NOT_OUTPUT
     prompt = count(obj.get("tokens_evaluated"))
     completion = count(obj.get("tokens_predicted"))
     cached = count(timings_obj.get("cache_n")) if timings_obj is not None else None
     usage = None
     if prompt is not None or completion is not None or cached is not None:
         usage = Usage(prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached)
-    reason = _stop_reason(obj) if stop else ""
+    reason = _stop_reason(obj)
     return ChunkMeaning(
         output=output,
-        done=stop,
+        done=True,
         usage=usage,
         finish_reasons=(reason,) if reason else (),
         model=text(obj.get("model")),

@@ -1,11 +1,5 @@
-"""What a chunk of any supported format means, beyond ``ChunkInfo``: shared by the interpreters.
-
-``ChunkMeaning`` is a ``ChunkInfo`` with two additive fields the native
-formats need: the backend's own timings (llama.cpp ``timings``, Ollama's
-``*_duration``) and a terminal status (OpenAI Responses ``completed`` /
-``incomplete`` / ``failed``). It is a subclass so the stream timer takes it
-as it is; once ``ChunkInfo`` carries the two fields itself, this class
-becomes an alias.
+"""Shared by the format interpreters: ``ChunkMeaning`` (an alias of ``ChunkInfo``),
+``BackendTimings`` and ``queue_time_s`` (re-exported from ``proxy.records``).
 
 Also here: the defensive JSON readers every interpreter uses. Upstream data
 is untrusted: a reader returns ``None`` for anything of the wrong type or
@@ -16,13 +10,17 @@ Pure: no I/O, no framework imports.
 
 from __future__ import annotations
 
-import json
 import math
 import re
-from dataclasses import dataclass
 from typing import Any
 
+from orjson import loads
+
+from proxy.decoders.openai import OUTPUT as _OPENAI_OUTPUT
 from proxy.decoders.openai import ChunkInfo
+from proxy.records import BackendTimings, queue_time_s
+
+__all__ = ["BackendTimings", "ChunkMeaning", "queue_time_s"]
 
 STREAM_ERROR = "stream_error"
 """``error.type`` of an in-stream error whose own type is missing or not a safe label value."""
@@ -30,55 +28,27 @@ STREAM_ERROR = "stream_error"
 _SAFE_KIND = re.compile(r"[A-Za-z][A-Za-z0-9_.\-]{0,63}")
 
 
-@dataclass(frozen=True, slots=True)
-class BackendTimings:
-    """Durations the backend measured itself for one request, in seconds (on its own clock)."""
-
-    prefill_s: float | None = None
-    """Prompt processing (llama.cpp ``prompt_ms``, Ollama ``prompt_eval_duration``)."""
-    decode_s: float | None = None
-    """Token generation (llama.cpp ``predicted_ms``, Ollama ``eval_duration``)."""
-    per_token_s: float | None = None
-    """Generation time per output token (llama.cpp ``predicted_per_token_ms``)."""
-    load_s: float | None = None
-    """Model loading before the prompt was processed (Ollama ``load_duration``)."""
-    total_s: float | None = None
-    """The backend's own end-to-end time (Ollama ``total_duration``)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ChunkMeaning(ChunkInfo):
-    """A ``ChunkInfo`` with the fields the native formats add (see the module docstring)."""
-
-    backend_timings: BackendTimings | None = None
-    """Timings the backend reported in this chunk (usually the last one)."""
-    status: str = ""
-    """Terminal status when the format reports one (``completed``, ``incomplete``, ``failed``)."""
+ChunkMeaning = ChunkInfo
+"""``ChunkInfo`` carries ``backend_timings`` and ``status`` itself now."""
 
 
 NOT_OUTPUT = ChunkMeaning(output=False)
 """A decodable chunk that says nothing the timer keeps (ping, block start, progress)."""
+OUTPUT = _OPENAI_OUTPUT
+"""A plain output event: the shared constant the relay's fast path recognises by identity."""
 
 
-def queue_time_s(ttft_s: float | None, timings: BackendTimings | None) -> float | None:
-    """Observed TTFT minus the backend's prefill (and model load): queueing and transport.
+def load_object(data: str | bytes) -> dict[str, Any] | None:
+    """``data`` parsed as a JSON object; ``None`` for anything else (never raises).
 
-    ``None`` when either is unknown. Clamped at 0: the backend's clock and ours
-    differ by a little, and the proxy's window always encloses the backend's.
+    orjson: several times faster than ``json`` and bounded in nesting depth
+    (a deeply nested array is an error, not a ``RecursionError``).
     """
-    if ttft_s is None or timings is None or timings.prefill_s is None:
-        return None
-    return max(0.0, ttft_s - timings.prefill_s - (timings.load_s or 0.0))
-
-
-def load_object(data: str) -> dict[str, Any] | None:
-    """``data`` parsed as a JSON object; ``None`` for anything else (never raises)."""
     try:
-        obj = json.loads(data)
-    except (ValueError, RecursionError):
-        # RecursionError: a deeply nested array or object within the size limit.
+        obj = loads(data)
+    except ValueError:
         return None
-    return obj if isinstance(obj, dict) else None
+    return obj if type(obj) is dict else None
 
 
 def count(v: Any) -> int | None:

@@ -29,6 +29,7 @@ from typing import Any
 
 from proxy.decoders.meaning import (
     NOT_OUTPUT,
+    OUTPUT,
     BackendTimings,
     ChunkMeaning,
     count,
@@ -37,28 +38,31 @@ from proxy.decoders.meaning import (
     seconds,
     text,
 )
-from proxy.decoders.openai import Usage
+from proxy.decoders.openai import ChunkInfo, Usage
 
 _NS = 1e9
-_OUTPUT = ChunkMeaning(output=True)
 
 
-def interpret(data: str, event: str = "") -> ChunkMeaning | None:
-    """Interpret one NDJSON line (``event`` is unused); ``None`` when not decodable."""
+def interpret(data: str, event: str = "", *, known_ids: bool = False) -> ChunkInfo | None:
+    """Interpret one NDJSON line (``event`` is unused); ``None`` when not decodable.
+
+    ``known_ids``: the caller already has the model, so a plain line may come
+    back as a shared constant (the per-token fast path).
+    """
     obj = load_object(data)
-    return None if obj is None else interpret_body(obj)
+    return None if obj is None else interpret_body(obj, known_ids=known_ids)
 
 
-def interpret_body(obj: dict[str, Any]) -> ChunkMeaning:
+def interpret_body(obj: dict[str, Any], *, known_ids: bool = False) -> ChunkInfo:
     """Interpret one decoded line, or a whole non-streaming body."""
     if obj.get("error") is not None:
         # The message is free text: never a label. Ollama gives no error type.
         return ChunkMeaning(output=False, error=error_kind())
     output = _is_output(obj)
     if obj.get("done") is not True:
-        model = text(obj.get("model"))
+        model = "" if known_ids else text(obj.get("model"))
         if not model:
-            return _OUTPUT if output else NOT_OUTPUT
+            return OUTPUT if output else NOT_OUTPUT
         return ChunkMeaning(output=output, model=model)
     reason = text(obj.get("done_reason"))
     prompt = count(obj.get("prompt_eval_count"))

@@ -17,6 +17,8 @@ from typing import Any
 
 from orjson import loads
 
+from proxy.records import BackendTimings
+
 DONE = "[DONE]"
 
 
@@ -39,7 +41,7 @@ class ChunkInfo:
     output: bool
     """Carries generated output (an output event)."""
     done: bool = False
-    """The ``[DONE]`` sentinel."""
+    """The stream's terminal event: ``[DONE]``, ``message_stop``, ``done: true``, ..."""
     usage: Usage | None = None
     """Usage, when the chunk has a non-null ``usage`` object."""
     usage_only: bool = False
@@ -52,6 +54,10 @@ class ChunkInfo:
     """``id`` field, when present."""
     error: str = ""
     """Error type or message class when the chunk is an error object."""
+    backend_timings: BackendTimings | None = None
+    """Timings the backend reported about itself in this chunk (llama.cpp, Ollama)."""
+    status: str = ""
+    """Terminal status when the format reports one (``completed``, ``incomplete``, ``failed``)."""
 
 
 _NOT_OUTPUT = ChunkInfo(output=False)
@@ -95,8 +101,11 @@ def _choice_output(choice: dict[str, Any]) -> bool:
     return isinstance(calls, list) and bool(calls)
 
 
-def interpret(data: str, *, known_ids: bool = False) -> ChunkInfo | None:
+def interpret(data: str, event: str = "message", *, known_ids: bool = False) -> ChunkInfo | None:
     """Interpret one chunk's JSON text; ``None`` when it is not decodable.
+
+    ``event`` (the SSE event name) is unused: it makes this a
+    ``proxy.decoders.registry.Interpreter`` with no wrapper on the hot path.
 
     ``known_ids``: the caller already has the response's ``id`` and ``model``,
     so a chunk that carries nothing else of note may come back as a shared

@@ -28,16 +28,26 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 from proxy.decoders import anthropic, llamacpp, ollama, responses, tgi
 from proxy.decoders.meaning import load_object
 from proxy.decoders.openai import ChunkInfo, interpret, interpret_object
 from proxy.records import Operation
 
-Interpreter = Callable[[str, str], ChunkInfo | None]
-"""One stream event's data (an SSE event's data, or one NDJSON line) and its SSE event
-name (``""`` for NDJSON) to its meaning; ``None`` when not decodable. Never raises."""
+
+class Interpreter(Protocol):
+    """Meaning of one stream event; ``None`` when it is not decodable. Never raises.
+
+    Takes the event's data (an SSE event's data, or one NDJSON line) and its SSE
+    event name (``""`` for NDJSON). ``known_ids``: the caller already has the
+    response's id or model, so a plain output event may come back as the shared
+    ``proxy.decoders.openai.OUTPUT`` constant (the relay's per-token fast path).
+    """
+
+    def __call__(self, data: str, event: str, /, *, known_ids: bool = False) -> ChunkInfo | None:
+        """Interpret one event."""
+
 
 BodyInterpreter = Callable[[dict[str, Any]], ChunkInfo]
 """A whole non-streaming JSON body (already parsed) to its meaning. Never raises."""
@@ -101,13 +111,6 @@ class Format:
         return flag if isinstance(flag, bool) else self.stream_default
 
 
-def _openai_event(data: str, event: str) -> ChunkInfo | None:
-    try:
-        return interpret(data)
-    except RecursionError:  # a deeply nested array within the size limit
-        return None
-
-
 def _openai_body(obj: dict[str, Any]) -> ChunkInfo:
     return interpret_object(obj)
 
@@ -116,7 +119,7 @@ OPENAI_CHAT = Format(
     name="openai_chat",
     operation=Operation.CHAT,
     framing=Framing.SSE,
-    interpret=_openai_event,
+    interpret=interpret,
     interpret_body=_openai_body,
     injects_usage=True,
 )
@@ -125,7 +128,7 @@ OPENAI_COMPLETIONS = Format(
     name="openai_completions",
     operation=Operation.TEXT_COMPLETION,
     framing=Framing.SSE,
-    interpret=_openai_event,
+    interpret=interpret,
     interpret_body=_openai_body,
     injects_usage=True,
 )
@@ -233,5 +236,5 @@ def choose(fmt: Format, content_type: str) -> Decoding | None:
 
 def interpret_json_body(fmt: Format, body: bytes) -> ChunkInfo | None:
     """Meaning of a whole non-streaming body of ``fmt``; ``None`` when it is not a JSON object."""
-    obj = load_object(body.decode("utf-8", "replace"))
+    obj = load_object(body)
     return None if obj is None else fmt.interpret_body(obj)

@@ -30,6 +30,7 @@ from typing import Any
 
 from proxy.decoders.meaning import (
     NOT_OUTPUT,
+    OUTPUT,
     ChunkMeaning,
     count,
     error_kind,
@@ -37,7 +38,7 @@ from proxy.decoders.meaning import (
     obj_at,
     text,
 )
-from proxy.decoders.openai import Usage
+from proxy.decoders.openai import ChunkInfo, Usage
 
 OUTPUT_DELTAS = frozenset(
     {
@@ -55,10 +56,9 @@ OUTPUT_DELTAS = frozenset(
 
 _OPENING = frozenset({"response.created", "response.in_progress", "response.queued"})
 _TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
-_OUTPUT = ChunkMeaning(output=True)
 
 
-def interpret(data: str, event: str = "message") -> ChunkMeaning | None:
+def interpret(data: str, event: str = "message", *, known_ids: bool = False) -> ChunkInfo | None:
     """Interpret one event's data (``event`` is its SSE name); ``None`` when not decodable."""
     obj = load_object(data)
     if obj is None:
@@ -67,7 +67,7 @@ def interpret(data: str, event: str = "message") -> ChunkMeaning | None:
     if not isinstance(kind, str):
         kind = event
     if kind in OUTPUT_DELTAS:
-        return _OUTPUT if text(obj.get("delta")) else NOT_OUTPUT
+        return OUTPUT if text(obj.get("delta")) else NOT_OUTPUT
     if kind in _OPENING:
         resp = obj_at(obj, "response")
         if resp is None:

@@ -27,6 +27,7 @@ from typing import Any
 
 from proxy.decoders.meaning import (
     NOT_OUTPUT,
+    OUTPUT,
     ChunkMeaning,
     count,
     error_kind,
@@ -34,18 +35,16 @@ from proxy.decoders.meaning import (
     obj_at,
     text,
 )
-from proxy.decoders.openai import Usage
-
-_OUTPUT = ChunkMeaning(output=True)
+from proxy.decoders.openai import ChunkInfo, Usage
 
 
-def interpret(data: str, event: str = "message") -> ChunkMeaning | None:
+def interpret(data: str, event: str = "message", *, known_ids: bool = False) -> ChunkInfo | None:
     """Interpret one event's data (``event`` is unused); ``None`` when not decodable."""
     obj = load_object(data)
     return None if obj is None else interpret_body(obj)
 
 
-def interpret_body(obj: dict[str, Any]) -> ChunkMeaning:
+def interpret_body(obj: dict[str, Any]) -> ChunkInfo:
     """Interpret one decoded event, or a non-streaming ``/generate`` body."""
     if obj.get("error") is not None:
         return ChunkMeaning(output=False, error=error_kind(obj.get("error_type")))
@@ -55,7 +54,7 @@ def interpret_body(obj: dict[str, Any]) -> ChunkMeaning:
     )
     details = obj_at(obj, "details")
     if details is None and obj.get("generated_text") is None:
-        return _OUTPUT if output else NOT_OUTPUT
+        return OUTPUT if output else NOT_OUTPUT
     usage = None
     reasons: tuple[str, ...] = ()
     if details is not None:
