@@ -77,6 +77,15 @@ class ProxyConfig:
     """A stall is also longer than this (no stutter is visible below it)."""
     stall_tolerance_s: float = 0.025
     """Slack when matching a culprit's first token to a stall's end (capped at half a step)."""
+    otlp_endpoint: str = ""
+    """OTLP/HTTP base URL for traces and metrics (``/v1/traces``, ``/v1/metrics`` appended);
+    empty: ``OTEL_EXPORTER_OTLP_ENDPOINT`` if set, else no OTLP export."""
+    capture_content: bool = False
+    """Record prompt and completion text on spans (``gen_ai.input/output.messages``)."""
+    timeline: bool = False
+    """Serve ``/timeline`` on the admin listener (shows request metadata, never prompt text)."""
+    timeline_window_s: float = 30.0
+    """Seconds of streams, stalls and prefill windows the timeline keeps and shows."""
     log_level: str = "info"
     """Python logging level name."""
 
@@ -218,6 +227,16 @@ SERVE_OPTIONS: tuple[_Opt, ...] = (
          "seconds (default 0.05)"),
     _Opt("stall-tolerance", "stall_tolerance_s", _nonneg_float, "seconds of slack when matching "
          "a culprit's first token to a stall's end, at most half a step (default 0.025)"),
+    _Opt("otlp-endpoint", "otlp_endpoint", _url, "OTLP/HTTP collector base URL for spans and "
+         "metrics, e.g. http://127.0.0.1:4318 (default: OTEL_EXPORTER_OTLP_ENDPOINT; unset: "
+         "no OTLP export; the other OTEL_* variables apply)"),
+    _Opt("capture-content", "capture_content", _bool, "record prompt and completion text on "
+         "spans, capped at 16384 characters each: true/false (default false)"),
+    _Opt("timeline", "timeline", _bool, "serve the live token timeline page at /timeline on "
+         "the admin listener; it shows request ids, models and prompt sizes, never prompt "
+         "text: true/false (default false)"),
+    _Opt("timeline-window", "timeline_window_s", _positive(float), "seconds of history the "
+         "timeline keeps and shows (default 30)"),
     _Opt("log-level", "log_level", _level, "debug, info, warning, error (default info)"),
 )  # fmt: skip
 
@@ -228,6 +247,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         env = ENV_PREFIX + opt.flag.upper().replace("-", "_")
         parser.add_argument(
             f"--{opt.flag}", dest=opt.field, metavar=opt.flag.split("-")[-1].upper(),
+            nargs="?" if opt.conv is _bool else None, const="true" if opt.conv is _bool else None,
             help=f"{opt.help}; env {env}",
         )  # fmt: skip
         if opt.conv is _bool:

@@ -9,14 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from aiohttp import web
+from opentelemetry.metrics import MeterProvider
+from opentelemetry.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 
+from exporters.fanout import FanoutSink
+from exporters.otel import OtelMetricsSink
+from exporters.otel_setup import Telemetry, build_telemetry
+from exporters.otel_spans import SpanRecorder
 from exporters.prometheus import PrometheusSink
 from proxy.admin import create_admin_app
 from proxy.app import STATE, ProxyState, create_app
@@ -24,8 +31,11 @@ from proxy.config import ConfigError, HostPort, ProxyConfig
 from proxy.records import Backend, Sink
 from proxy.stall_detector import StallSettings
 from proxy.stalls import BackendView
+from proxy.timeline import TimelineBuffer, TimelineSettings
+from proxy.timeline_web import timeline_routes
 from proxy.timing import StreamWatcher
 from proxy.tokenlog import FanoutWatcher
+from proxy.tracing import Tracing
 
 log = logging.getLogger("tokenstamp.server")
 
@@ -48,6 +58,10 @@ class RunningProxy:
     """The backend view detecting stalls (``None`` with ``--no-stall-detection``)."""
     _proxy_runner: web.AppRunner = field(repr=False)
     _admin_runner: web.AppRunner = field(repr=False)
+    telemetry: Telemetry | None = None
+    """OTLP providers built from the configuration (``None`` when off or injected)."""
+    timeline: TimelineBuffer | None = None
+    """What ``/timeline`` shows (``None`` unless ``--timeline``)."""
 
     async def close(self, drain_timeout_s: float | None = None) -> None:
         """Stop accepting, let open requests finish (bounded), then stop everything."""
@@ -62,6 +76,10 @@ class RunningProxy:
             log.warning("drain timeout: %d requests still open, closing them", self.state.in_flight)
         await self._proxy_runner.cleanup()
         await self._admin_runner.cleanup()
+        if self.state.tracing is not None:
+            self.state.tracing.close()
+        if self.telemetry is not None:
+            await self.telemetry.shutdown()
 
 
 def _site_url(runner: web.AppRunner, want: HostPort) -> str:
@@ -80,14 +98,18 @@ async def _start_site(runner: web.AppRunner, where: HostPort, key: str) -> None:
         raise ConfigError(f"{key}: cannot listen on {where}: {exc.strerror or exc}") from None
 
 
-def stall_view(config: ProxyConfig, sink: Sink) -> BackendView:
-    """The backend view of ``config``'s upstream, reporting to ``sink``."""
-    settings = StallSettings(
+def stall_settings(config: ProxyConfig) -> StallSettings:
+    """The stall detection knobs of ``config``."""
+    return StallSettings(
         ratio=config.stall_ratio,
         floor_s=config.stall_floor_s,
         tolerance_s=config.stall_tolerance_s,
     )
-    return BackendView(Backend(config.provider, config.backend_label), sink, settings)
+
+
+def stall_view(config: ProxyConfig, sink: Sink) -> BackendView:
+    """The backend view of ``config``'s upstream, reporting to ``sink``."""
+    return BackendView(Backend(config.provider, config.backend_label), sink, stall_settings(config))
 
 
 _FLUSH_EVERY_S = 1.0
@@ -100,6 +122,13 @@ async def _flush_stalls(view: BackendView, clock: Callable[[], int]) -> None:
         view.flush(clock())
 
 
+async def _sweep_spans(tracing: Tracing, clock: Callable[[], int]) -> None:
+    """End the spans that lingered long enough for late stall records (an idle proxy)."""
+    while True:
+        await asyncio.sleep(_FLUSH_EVERY_S)
+        tracing.sweep(clock())
+
+
 async def start_proxy(
     config: ProxyConfig,
     *,
@@ -107,27 +136,67 @@ async def start_proxy(
     sink: Sink | None = None,
     watcher: StreamWatcher | None = None,
     clock: Callable[[], int] = time.monotonic_ns,
+    tracer_provider: TracerProvider | None = None,
+    meter_provider: MeterProvider | None = None,
 ) -> RunningProxy:
     """Start both listeners in the running loop; raise ``ConfigError`` if one cannot bind.
 
-    ``watcher`` sees every stream's events too, after the stall view.
+    ``watcher`` sees every stream's events too, after the stall view. Spans
+    go to ``tracer_provider`` and the metrics also to ``meter_provider``; when
+    neither is given, both come from ``--otlp-endpoint`` and the ``OTEL_*``
+    environment (OTLP export, off without an endpoint), owned and shut down here.
     """
     registry = registry if registry is not None else CollectorRegistry()
+    telemetry = None
+    if tracer_provider is None and meter_provider is None:
+        telemetry = build_telemetry(config.otlp_endpoint, os.environ)
+        if telemetry is not None:
+            tracer_provider, meter_provider = telemetry.tracer_provider, telemetry.meter_provider
     if sink is None:
         prom = PrometheusSink(registry)
         prom.slo_ttft_s = config.slo_ttft_s
         prom.slo_tpot_s = config.slo_tpot_s
         sink = prom
-    view = stall_view(config, sink) if config.stall_detection else None
-    watchers = [w for w in (view, watcher) if w is not None]
+    if meter_provider is not None:
+        otel = OtelMetricsSink(
+            meter_provider,
+            slo_ttft_s=config.slo_ttft_s,
+            slo_tpot_s=config.slo_tpot_s,
+            gaps=telemetry.gaps if telemetry is not None else None,
+        )
+        sink = FanoutSink(sink, otel)
+    timeline = None
+    if config.timeline:  # its stamps come as a watcher, its records through the sink
+        window = TimelineSettings(window_s=config.timeline_window_s)
+        backend = Backend(config.provider, config.backend_label)
+        timeline = TimelineBuffer(backend, window, origin_ns=clock())
+        sink = FanoutSink(sink, timeline.sink)
+    settings = stall_settings(config)
+    tracing = None
+    if tracer_provider is not None:
+        # A finished stream's span waits for the stalls decided after its end.
+        linger_s = settings.max_delay_s + _FLUSH_EVERY_S + settings.tolerance_s
+        spans = SpanRecorder(
+            tracer_provider,
+            linger_s=linger_s if config.stall_detection else 0.0,
+            capture_content=config.capture_content,
+        )
+        tracing = Tracing(spans)
+    # The stall view reports to the metrics and, as events and links, to the spans.
+    view_sink = sink if tracing is None else FanoutSink(sink, tracing.spans)
+    view = stall_view(config, view_sink) if config.stall_detection else None
+    watchers = [w for w in (view, watcher, timeline) if w is not None]
     combined: StreamWatcher | None = (
         FanoutWatcher(*watchers) if len(watchers) > 1 else (watchers[0] if watchers else None)
     )
-    app = create_app(config, sink=sink, clock=clock, watcher=combined, stalls=view)
+    app = create_app(config, sink=sink, clock=clock, watcher=combined, stalls=view, tracing=tracing)
     state = app[STATE]
     if view is not None:
         _ = state.tasks.spawn(_flush_stalls(view, clock), name="tokenstamp-stall-flush")
-    admin = create_admin_app(state, registry)
+    if tracing is not None and tracing.spans.linger_ns:
+        _ = state.tasks.spawn(_sweep_spans(tracing, clock), name="tokenstamp-span-sweep")
+    shown = None if timeline is None else [timeline]
+    admin = create_admin_app(state, registry, extra_routes=timeline_routes(shown, clock=clock))
     proxy_runner = web.AppRunner(
         app,
         handler_cancellation=True,  # a client that goes away cancels its upstream request
@@ -143,6 +212,8 @@ async def start_proxy(
     except ConfigError:
         await proxy_runner.cleanup()
         await admin_runner.cleanup()
+        if telemetry is not None:
+            await telemetry.shutdown()
         raise
     return RunningProxy(
         config=config,
@@ -153,6 +224,8 @@ async def start_proxy(
         stalls=view,
         _proxy_runner=proxy_runner,
         _admin_runner=admin_runner,
+        telemetry=telemetry,
+        timeline=timeline,
     )
 
 
@@ -165,6 +238,8 @@ async def serve_forever(config: ProxyConfig) -> int:
         config.upstream,
         proxy.admin_url,
     )
+    if proxy.timeline is not None:
+        log.info("token timeline on %s/timeline", proxy.admin_url)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -34,6 +34,10 @@ CONFIG_FLAGS = {
     "stallFloor": "stall-floor",
     "stallTolerance": "stall-tolerance",
     "stallDetection": "stall-detection",
+    "otlpEndpoint": "otlp-endpoint",
+    "captureContent": "capture-content",
+    "timeline": "timeline",
+    "timelineWindow": "timeline-window",
 }
 UPSTREAM = {"upstream": "http://vllm.inference.svc:8000"}
 KEY_LINE = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z0-9_.\-/]+):(?: |$)")
@@ -119,6 +123,8 @@ def test_every_proxy_flag_is_reachable_from_values():
         "admin",
         "no-inject-usage",
         "no-stall-detection",
+        "no-capture-content",
+        "no-timeline",
         "help",
     }
     assert flags == from_values, (
