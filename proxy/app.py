@@ -47,6 +47,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tokenstamp.proxy")
 
+NO_USAGE_INJECTION = frozenset({"llama.cpp"})
+"""Providers whose usage chunk carries more than usage (llama.cpp: its timings)."""
+
 
 @dataclass(slots=True)
 class ProxyState:
@@ -354,14 +357,20 @@ async def _send(
         # Stamped as the request is handed to the connection: on a pooled
         # keep-alive connection the bytes leave within microseconds.
         timer.forwarded(state.clock())
-    up = await state.session.request(
-        method,
-        url,
-        headers=headers,
-        data=body or None,
-        allow_redirects=False,
-        auto_decompress=False,
-    )
+    try:
+        up = await state.session.request(
+            method, url, headers=headers, data=body or None,
+            allow_redirects=False, auto_decompress=False,
+        )  # fmt: skip
+    except aiohttp.ServerDisconnectedError:
+        # A pooled keep-alive connection the backend had already closed (llama.cpp
+        # closes after every stream while announcing keep-alive): the request never
+        # got an answer, so it goes once more, on a fresh connection.
+        log.debug("upstream closed a pooled connection before answering; retrying once")
+        up = await state.session.request(
+            method, url, headers=headers, data=body or None,
+            allow_redirects=False, auto_decompress=False,
+        )  # fmt: skip
     if tracing is not None and timer is not None:
         tracing.capture(timer, up)
     return up
@@ -391,7 +400,9 @@ def create_app(
         watcher=watcher,
         stalls=stalls,
         tracing=tracing,
-        inject_usage=config.inject_usage,
+        # llama.cpp moves its `timings` into the usage chunk it is asked for, so
+        # hiding that chunk would hide them: no injection there.
+        inject_usage=config.inject_usage and config.provider not in NO_USAGE_INJECTION,
     )
     app[STATE] = state
 

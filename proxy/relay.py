@@ -8,6 +8,7 @@ slows the upstream read of its own stream only, and memory stays bounded.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -24,6 +25,9 @@ from proxy.usage import EventCutter
 
 if TYPE_CHECKING:
     from proxy.app import ProxyState
+
+
+log = logging.getLogger("tokenstamp.proxy")
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +108,18 @@ async def relay_sse(
                 info = interpret(ev.data, ev.event, known_ids=known)
                 infos.append(info)
                 if info is not None and info.usage_only:
-                    cutter.cut(ev.start_offset, ev.end_offset, ev.open_cr)
+                    if '"timings"' in ev.data:
+                        # The backend moved more than usage into the chunk we asked
+                        # for (llama.cpp): hiding it would hide that too. Let it
+                        # through, and stop asking this backend.
+                        if state.inject_usage:
+                            state.inject_usage = False
+                            log.warning(
+                                "upstream put timings into the usage chunk; usage "
+                                "injection is now off for this backend"
+                            )
+                    else:
+                        cutter.cut(ev.start_offset, ev.end_offset, ev.open_cr)
             out = cutter.push(chunk, decoder.boundary_offset)
             if out:
                 try:

@@ -71,12 +71,6 @@ async def test_server_killed_mid_stream(
     assert proxy.running.state.in_flight == 0
 
 
-@pytest.mark.xfail(
-    strict=False,  # a race: most runs lose a request or more, not every run
-    reason="llama.cpp closes the connection after each streamed response although it "
-    "announced keep-alive; the proxy reuses the dead pooled connection and answers 502 "
-    "(ServerDisconnectedError) - see tests/realbackend/README.md",
-)
 async def test_back_to_back_streams_never_fail(
     llamacpp: LlamaCppServer, recorded_proxy: ProxyFactory
 ) -> None:
