@@ -2,7 +2,7 @@
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-APT_PACKAGES := prometheus nodejs npm
+APT_PACKAGES := prometheus nodejs npm chromium
 
 .PHONY: demo test test-vllm install-vllm install install-test deps-system lint fmt bench clean dashboards chart-sync
 
@@ -11,7 +11,7 @@ $(BIN)/python:
 	$(BIN)/python -m pip install -q --upgrade pip
 
 install: $(BIN)/python
-	$(BIN)/pip install -q -e .
+	$(BIN)/pip install -q -e '.[pictures]'
 
 ## The main job on the embedded default: simulator -> proxy -> load, the seed's tables.
 demo: install
@@ -20,7 +20,7 @@ demo: install
 ## System packages the tests need (prometheus server and promtool).
 deps-system:
 	@if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1 \
-		|| ! command -v npm >/dev/null 2>&1; then \
+		|| ! command -v npm >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1; then \
 		if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi; \
 		$$SUDO apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $(APT_PACKAGES); \

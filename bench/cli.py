@@ -14,6 +14,7 @@ from pathlib import Path
 from types import FrameType
 
 from bench.children import ChildError
+from bench.plot import PlotUnavailable, plot_path, write_plot
 from bench.report import markdown, to_json
 from bench.run import BenchError, BenchOptions, run_bench
 from bench.targets import (
@@ -77,6 +78,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("--json", type=Path, metavar="PATH", help="also write the full report as JSON")
     p.add_argument("--markdown", type=Path, metavar="PATH", help="also write the table as Markdown")
+    p.add_argument(
+        "--plot",
+        type=Path,
+        metavar="PATH",
+        help="also draw the results as a PNG (default with --markdown or --json: beside that "
+        "file, same name, .png); needs matplotlib",
+    )
     p.set_defaults(func=run)
 
 
@@ -122,4 +130,11 @@ def run(args: argparse.Namespace) -> int:
         args.markdown.write_text(table, encoding="utf-8")
     if args.json is not None:
         args.json.write_text(json.dumps(to_json(report), indent=2) + "\n", encoding="utf-8")
+    plot = plot_path(args.plot, args.markdown, args.json)
+    if plot is not None:
+        try:
+            write_plot(report, plot)
+            print(f"plot: {plot}", file=sys.stderr)
+        except PlotUnavailable as exc:
+            print(f"tokenstamp bench: no plot: {exc}", file=sys.stderr)
     return 0 if all(r.identical for r in report.rows) else 1

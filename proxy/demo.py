@@ -7,7 +7,9 @@ to the seed's figures and the cost model's prediction:
    chunked at 512 (the seed's second table).
 2. One 480-token answer alone (the seed's first table).
 ``--json`` prints the results machine-readably; ``--serve`` keeps a simulator
-and proxy running afterwards for Prometheus to scrape.
+and proxy running afterwards for Prometheus to scrape (and ``/timeline`` to
+watch). Each stutter run is also drawn, as the ``/timeline`` page shows it, into
+``--out`` (default ``./tokenstamp-demo/``): a PNG and a self-contained HTML file.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import socket
 import sys
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -26,7 +29,8 @@ from prometheus_client import CollectorRegistry
 
 from exporters.prometheus import PrometheusSink
 from proxy.config import HostPort, ProxyConfig
-from proxy.records import PrefillRecord, RequestRecord, StallCause, StallRecord
+from proxy.pictures import pictures_report, replay_snapshot, write_run_pictures
+from proxy.records import Backend, PrefillRecord, RequestRecord, StallCause, StallRecord
 from proxy.scenarios import SingleMeasurement, StutterMeasurement, run_single, run_stutter
 from proxy.server import RunningProxy, start_proxy
 from proxy.tokenlog import TokenLog
@@ -47,6 +51,7 @@ SEED_SINGLE = {"ttft_s": 0.320, "tpot_s": 0.022, "output_tokens": 480, "e2e_s": 
 STREAMS = 40
 LONG_PROMPT = 4000
 CHUNK = 512
+DEFAULT_OUT = Path("tokenstamp-demo")
 
 
 class _RecordingSink(PrometheusSink):
@@ -121,7 +126,7 @@ async def _start_simulator(chunk_size: int | None) -> tuple[asyncio.subprocess.P
     raise RuntimeError("the simulator did not start within 10 s")
 
 
-async def _start(chunk_size: int | None) -> _Stack:
+async def _start(chunk_size: int | None, *, timeline: bool = False) -> _Stack:
     sim, sim_url = await _start_simulator(chunk_size)
     registry = CollectorRegistry()
     sink = _RecordingSink(registry)
@@ -132,6 +137,7 @@ async def _start(chunk_size: int | None) -> _Stack:
         admin=HostPort("127.0.0.1", 0),
         backend_name="simulator",
         provider="tokenstamp-sim",
+        timeline=timeline,
     )
     proxy = await start_proxy(cfg, registry=registry, sink=sink, watcher=log)
     return _Stack(sim, sim_url, proxy, sink, log)
@@ -152,7 +158,25 @@ def _progress(quiet: bool) -> Any:
     return show
 
 
-async def _stutter(label: str, chunk: int | None, show: Any) -> dict[str, Any]:
+def _pictures(
+    snapshot: dict[str, Any], label: str, m: StutterMeasurement, out: Path
+) -> dict[str, str | None]:
+    """Draw the run as ``/timeline`` shows it: ``<out>/timeline-<label>.png`` and ``.html``."""
+    name = "unchunked" if label == "unchunked" else f"chunked at {CHUNK}"
+    return write_run_pictures(
+        snapshot,
+        out / f"timeline-{label}",
+        title=f"{name}: {STREAMS} streams decoding, one {LONG_PROMPT:,}-token prompt arrives",
+        subtitle=f"measured by the proxy: worst gap in an existing stream "
+        f"{_ms(m.worst_gap_s)}, the new request's first token after {_ms(m.ttft_s)}",
+        zero_id=m.long_request_id,
+        x_label=f"seconds since the {LONG_PROMPT:,}-token prompt was forwarded",
+    )
+
+
+async def _stutter(
+    label: str, chunk: int | None, show: Any, out: Path | None = None
+) -> dict[str, Any]:
     stack = await _start(chunk)
     try:
         m = await run_stutter(
@@ -170,8 +194,18 @@ async def _stutter(label: str, chunk: int | None, show: Any) -> dict[str, Any]:
         if stack.proxy.stalls is not None:
             stack.proxy.stalls.flush(time.monotonic_ns() + 10_000_000_000)
         detected = _detected(stack.sink, m)
+        # Replayed from the run's records rather than kept live, so that drawing
+        # adds nothing to the proxy's work while it measures.
+        snapshot = replay_snapshot(
+            Backend(stack.proxy.config.provider, stack.proxy.config.backend_label),
+            stack.log.timelines.values(),
+            stalls=stack.sink.stalls,
+            prefills=stack.sink.prefills,
+            requests=stack.sink.records.values(),
+        )
     finally:
         await stack.close()
+    pictures = None if out is None else _pictures(snapshot, label, m, out)
     cost = load_profile("seed").with_overrides(chunk_size=chunk).cost
     pred = predict_seed_stutter(cost, STREAMS, LONG_PROMPT)
     return {
@@ -181,6 +215,7 @@ async def _stutter(label: str, chunk: int | None, show: Any) -> dict[str, Any]:
         "model": _model_view(pred),
         "seed": SEED_STUTTER[label],
         "detected": detected,
+        "pictures": pictures,
     }
 
 
@@ -361,13 +396,17 @@ def render(results: dict[str, Any]) -> str:
 async def _main(args: argparse.Namespace) -> int:
     show = _progress(args.json)
     results: dict[str, Any] = {}
-    results["unchunked"] = await _stutter("unchunked", None, show)
-    results["chunked"] = await _stutter("chunked", CHUNK, show)
+    out: Path | None = None if args.no_pictures else args.out
+    results["unchunked"] = await _stutter("unchunked", None, show, out)
+    results["chunked"] = await _stutter("chunked", CHUNK, show, out)
     results["single"] = await _single(show)
     show("done")
     if not args.json:
         sys.stderr.write("\n" if sys.stderr.isatty() else "")
         print(render(results))
+        runs = {k: results[k]["pictures"] for k in ("unchunked", "chunked")}
+        if any(runs.values()):
+            print("\n" + pictures_report(runs))
     else:
         print(json.dumps(results, indent=2))
     if args.serve:
@@ -376,10 +415,11 @@ async def _main(args: argparse.Namespace) -> int:
 
 
 async def _serve_forever() -> None:
-    stack = await _start(None)
+    stack = await _start(None, timeline=True)
     print(f"\nsimulator: {stack.sim_url}  (OpenAI base URL {stack.sim_url}/v1)")
     print(f"proxy:     {stack.proxy.url}  (OpenAI base URL {stack.proxy.url}/v1)")
     print(f"metrics:   {stack.proxy.admin_url}/metrics")
+    print(f"timeline:  {stack.proxy.admin_url}/timeline")
     print("Ctrl-C to stop.", flush=True)
     try:
         await asyncio.Event().wait()
@@ -404,6 +444,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "scenarios through the proxy and print what it measured next to the seed's figures.",
     )
     p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        metavar="DIR",
+        help="where the pictures of the two runs go, PNG and HTML (default ./tokenstamp-demo)",
+    )
+    p.add_argument("--no-pictures", action="store_true", help="draw no pictures")
     p.add_argument(
         "--serve",
         action="store_true",

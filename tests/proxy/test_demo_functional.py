@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -15,9 +16,10 @@ def close(measured: float, predicted: float, rel: float = 0.15, abs_s: float = 0
 
 
 @pytest.fixture(scope="module")
-def results() -> dict:
+def results(tmp_path_factory) -> dict:
+    pictures = tmp_path_factory.mktemp("demo-pictures")
     out = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "demo", "--json"],
+        [sys.executable, "-m", "proxy.cli", "demo", "--json", "--out", str(pictures)],
         capture_output=True, text=True, timeout=110, check=True,
     )  # fmt: skip
     return json.loads(out.stdout)
@@ -55,3 +57,15 @@ def test_single_request_table(results):
     assert s["measured"]["output_tokens"] == 480
     for key in ("ttft_s", "tpot_s", "e2e_s"):
         assert close(s["measured"][key], s["model"][key]), (key, s)
+
+
+@pytest.mark.timeout(120)
+def test_each_stutter_run_is_drawn_as_png_and_html(results):
+    for run in ("unchunked", "chunked"):
+        pictures = results[run]["pictures"]
+        png, html = Path(pictures["png"]), Path(pictures["html"])
+        assert png.name == f"timeline-{run}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        page = html.read_text(encoding="utf-8")
+        assert f"{run}-long-prompt" in page
+        assert 'id="timeline-data"' in page
