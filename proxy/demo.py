@@ -107,6 +107,7 @@ async def _start_simulator(chunk_size: int | None) -> tuple[asyncio.subprocess.P
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "simulator", "simulate", "--listen", f"127.0.0.1:{port}",
         "--profile", "seed", "--chunk-size", "none" if chunk_size is None else str(chunk_size),
+        "--nice", "-10",
         stdin=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"

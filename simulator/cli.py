@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 from dataclasses import dataclass
@@ -78,11 +79,23 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--ground-truth", type=Path, default=None, metavar="PATH",
         help="append every step, token, prefill and finish record to this JSONL file",
     )  # fmt: skip
+    parser.add_argument(
+        "--nice", type=int, default=0, metavar="N",
+        help="change the process's scheduling priority by N (negative: favoured; needs root). "
+        "The simulator stands in for an accelerator that shares no CPU with the proxy: "
+        "the demo and tests run it at -10 so the machine's load does not stretch its steps",
+    )  # fmt: skip
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGINT/SIGTERM; 0 on a clean stop, 2 on a bad profile or address."""
+    if args.nice:
+        try:
+            os.nice(args.nice)
+        except OSError as exc:
+            print(f"tokenstamp simulate: --nice {args.nice} not applied: {exc.strerror}",
+                  file=sys.stderr)  # fmt: skip
     try:
         profile = load_profile(args.profile).with_overrides(
             chunk_size=args.chunk_size,
