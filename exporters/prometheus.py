@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from exporters import names
+from exporters.fast_histogram import FastHistogram, HistogramChild
 from proxy.records import (
     Backend,
     PrefillRecord,
@@ -60,7 +61,7 @@ def status_class(code: int) -> str:
 class _Children:
     """Label children of one request label set."""
 
-    gap: Histogram
+    gap: HistogramChild
     active: Gauge
 
 
@@ -72,7 +73,11 @@ class PrometheusSink:
         """The registry the admin server exposes."""
         self._ttft = histogram(names.TTFT, registry)
         self._tpot = histogram(names.TPOT, registry)
-        self._gap = histogram(names.GAP, registry)
+        # Every inter-token gap lands here: the lock-free histogram (same exposition).
+        self._gap = FastHistogram(
+            names.GAP.prom_name, _doc(names.GAP), names.GAP.prom_labels, names.GAP.buckets,
+            registry,
+        )  # fmt: skip
         self._duration = histogram(names.DURATION, registry)
         self._tokens = histogram(names.TOKEN_USAGE, registry)
         self._max_gap = histogram(names.MAX_GAP, registry)
