@@ -47,6 +47,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tokenstamp.proxy")
 
+# The client library would add these when the client did not send them: forward
+# only what the client sent (Host and Content-Length are the hop's own).
+_NO_AUTO_HEADERS = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
+
 NO_USAGE_INJECTION = frozenset({"llama.cpp"})
 """Providers whose usage chunk carries more than usage (llama.cpp: its timings)."""
 
@@ -114,8 +118,17 @@ def json_error(status: int, error_type: str, message: str) -> web.Response:
     )
 
 
-async def _read_body(request: web.Request, limit: int) -> bytes:
-    """The request body, refusing (413) as soon as it passes ``limit`` bytes."""
+async def _read_body(request: web.Request, limit: int, timeout_s: float) -> bytes:
+    """The request body: 413 as soon as it passes ``limit`` bytes, 408 past ``timeout_s``."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await _read_body_limited(request, limit)
+    except TimeoutError:
+        raise _Refused(408, "body_timeout", f"request body not received within {timeout_s:g} s "
+                       "(--body-timeout)") from None  # fmt: skip
+
+
+async def _read_body_limited(request: web.Request, limit: int) -> bytes:
     declared = request.content_length
     if declared is not None and declared > limit:
         raise _Refused(413, "body_too_large", f"request body of {declared} bytes exceeds the "
@@ -195,7 +208,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
 
     try:
         try:
-            body = await _read_body(request, cfg.max_body_bytes)
+            body = await _read_body(request, cfg.max_body_bytes, cfg.body_timeout_s)
         except _Refused as exc:
             if fmt is not None:
                 timer = start_timer(None)
@@ -299,16 +312,19 @@ async def _forward(
                 resp.headers["X-Accel-Buffering"] = "no"
             await resp.prepare(request)
             progress.status = resp.status
-            if not observe or timer is None or fmt is None:
-                result = await relay_plain(up, resp, judge_status=timer is not None)
-            elif decoding is Decoding.SSE:
-                timer.streamed = True
-                result = await relay_sse(up, resp, timer, state, strip_usage=injected, fmt=fmt)
-            elif decoding is Decoding.NDJSON:
-                timer.streamed = True
-                result = await relay_ndjson(up, resp, timer, state, fmt)
-            else:
-                result = await relay_json(up, resp, timer, state, fmt)
+            # A body that never ends is cut (outcome timeout) after --max-stream-duration.
+            limit = cfg.max_stream_duration_s or None
+            async with asyncio.timeout(limit):
+                if not observe or timer is None or fmt is None:
+                    result = await relay_plain(up, resp, judge_status=timer is not None)
+                elif decoding is Decoding.SSE:
+                    timer.streamed = True
+                    result = await relay_sse(up, resp, timer, state, strip_usage=injected, fmt=fmt)
+                elif decoding is Decoding.NDJSON:
+                    timer.streamed = True
+                    result = await relay_ndjson(up, resp, timer, state, fmt)
+                else:
+                    result = await relay_json(up, resp, timer, state, fmt)
             if result.complete:
                 try:
                     await resp.write_eof()
@@ -360,7 +376,7 @@ async def _send(
     try:
         up = await state.session.request(
             method, url, headers=headers, data=body or None,
-            allow_redirects=False, auto_decompress=False,
+            allow_redirects=False, auto_decompress=False, skip_auto_headers=_NO_AUTO_HEADERS,
         )  # fmt: skip
     except aiohttp.ServerDisconnectedError:
         # A pooled keep-alive connection the backend had already closed (llama.cpp
@@ -369,7 +385,7 @@ async def _send(
         log.debug("upstream closed a pooled connection before answering; retrying once")
         up = await state.session.request(
             method, url, headers=headers, data=body or None,
-            allow_redirects=False, auto_decompress=False,
+            allow_redirects=False, auto_decompress=False, skip_auto_headers=_NO_AUTO_HEADERS,
         )  # fmt: skip
     if tracing is not None and timer is not None:
         tracing.capture(timer, up)
@@ -419,5 +435,13 @@ def create_app(
         await state.session.close()
 
     app.cleanup_ctx.append(session_ctx)
+
+    async def close_when_draining(request: web.Request, response: web.StreamResponse) -> None:
+        if state.draining:  # tell kept-alive clients to move on before the drain ends
+            response.force_close()
+            # The hook runs after the headers were computed: say it explicitly.
+            response.headers["Connection"] = "close"
+
+    app.on_response_prepare.append(close_when_draining)
     app.router.add_route("*", "/{tail:.*}", handle)
     return app

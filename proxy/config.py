@@ -67,6 +67,16 @@ class ProxyConfig:
     """TTFT target for the SLO counter (goodput)."""
     slo_tpot_s: float = 0.1
     """TPOT target for the SLO counter (goodput)."""
+    max_stream_duration_s: float = 0.0
+    """Longest a response body may take from its first byte; 0: no limit."""
+    header_timeout_s: float = 60.0
+    """A client connection must deliver a complete request head within this many seconds
+    of connecting or of its previous response (slowloris guard; also the idle keep-alive)."""
+    body_timeout_s: float = 60.0
+    """A request body must arrive within this many seconds (else 408)."""
+    drain_delay_s: float = 0.0
+    """On SIGTERM: seconds readiness reports 503 while still serving, before the listener
+    closes, so a load balancer stops sending first."""
     drain_timeout_s: float = 30.0
     """On SIGTERM: how long open streams may finish before the process exits."""
     stall_detection: bool = True
@@ -217,6 +227,14 @@ SERVE_OPTIONS: tuple[_Opt, ...] = (
          "usage chunk again: true/false (default true)"),
     _Opt("slo-ttft", "slo_ttft_s", _positive(float), "TTFT target, seconds (default 2)"),
     _Opt("slo-tpot", "slo_tpot_s", _positive(float), "TPOT target, seconds (default 0.1)"),
+    _Opt("max-stream-duration", "max_stream_duration_s", _nonneg_float, "seconds a response may "
+         "stream before it is cut (outcome timeout); 0: no limit (default 0)"),
+    _Opt("header-timeout", "header_timeout_s", _positive(float), "seconds a client connection "
+         "may take to send a complete request head, also the idle keep-alive (default 60)"),
+    _Opt("body-timeout", "body_timeout_s", _positive(float), "seconds a request body may take "
+         "to arrive; then 408 (default 60)"),
+    _Opt("drain-delay", "drain_delay_s", _nonneg_float, "on SIGTERM, seconds /readyz reports "
+         "503 while still serving, before the listener closes (default 0)"),
     _Opt("drain-timeout", "drain_timeout_s", _positive(float), "on SIGTERM, seconds open streams "
          "may take to finish (default 30)"),
     _Opt("stall-detection", "stall_detection", _bool, "detect stalls and attribute them to "

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 from prometheus_client import CollectorRegistry
@@ -38,6 +39,31 @@ from proxy.tokenlog import FanoutWatcher
 from proxy.tracing import Tracing
 
 log = logging.getLogger("tokenstamp.server")
+
+
+class _BadRequestRedactor(logging.Filter):
+    """Keeps credentials out of aiohttp's log of a request it could not parse.
+
+    aiohttp logs a malformed request at ERROR with the parse error, whose text
+    quotes the offending header line: an ``Authorization`` header included. This
+    rewrites such records to the error's type alone.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            record.msg = "bad request from %s: %s (details withheld: they may quote headers)"
+            record.args = (record.args[0] if isinstance(record.args, tuple) and record.args
+                           else "?", type(exc).__name__)  # fmt: skip
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+def _redact_bad_requests() -> None:
+    server_log = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, _BadRequestRedactor) for f in server_log.filters):
+        server_log.addFilter(_BadRequestRedactor())
 
 
 @dataclass(slots=True)
@@ -66,7 +92,9 @@ class RunningProxy:
     async def close(self, drain_timeout_s: float | None = None) -> None:
         """Stop accepting, let open requests finish (bounded), then stop everything."""
         timeout = self.config.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
-        self.state.draining = True
+        self.state.draining = True  # readiness 503; responses now say Connection: close
+        if self.config.drain_delay_s and drain_timeout_s is None:
+            await asyncio.sleep(self.config.drain_delay_s)  # let the load balancer notice
         for site in list(self._proxy_runner.sites):
             await site.stop()
         deadline = time.monotonic() + timeout
@@ -147,6 +175,7 @@ async def start_proxy(
     environment (OTLP export, off without an endpoint), owned and shut down here.
     """
     registry = registry if registry is not None else CollectorRegistry()
+    _redact_bad_requests()
     telemetry = None
     if tracer_provider is None and meter_provider is None:
         telemetry = build_telemetry(config.otlp_endpoint, os.environ)
@@ -171,6 +200,10 @@ async def start_proxy(
         backend = Backend(config.provider, config.backend_label)
         timeline = TimelineBuffer(backend, window, origin_ns=clock())
         sink = FanoutSink(sink, timeline.sink)
+    if not isinstance(sink, FanoutSink):
+        # Telemetry never breaks traffic: even a single sink's exceptions are caught,
+        # counted and logged (rate-limited) here, not on the stream's path.
+        sink = FanoutSink(sink)
     settings = stall_settings(config)
     tracing = None
     if tracer_provider is not None:
@@ -202,6 +235,9 @@ async def start_proxy(
         handler_cancellation=True,  # a client that goes away cancels its upstream request
         access_log=None,
         shutdown_timeout=1.0,
+        # aiohttp closes a connection whose handler still waits for a complete request
+        # head when this runs out: the slowloris guard, and the idle keep-alive.
+        keepalive_timeout=config.header_timeout_s,
     )
     admin_runner = web.AppRunner(admin, access_log=None, shutdown_timeout=1.0)
     await proxy_runner.setup()

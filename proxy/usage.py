@@ -15,6 +15,7 @@ released at once. Nothing else is ever held back.
 
 from __future__ import annotations
 
+from bisect import insort
 from typing import Any
 
 _INJECTED = b'"stream_options":{"include_usage":true},'
@@ -54,26 +55,28 @@ class EventCutter:
     def __init__(self) -> None:
         self._held = bytearray()
         self._held_start = 0
-        self._cuts: list[tuple[int, int]] = []
-        self._lf_at = -1  # a cut event ended in CR at a read's end: drop an LF here
+        self._cuts: list[tuple[int, int]] = []  # sorted: _release walks them in order
+        self._lf_at: list[int] = []  # cut events that ended in CR at a read's end: drop an LF
 
     def cut(self, start: int, end: int, open_cr: bool) -> None:
         """Mark ``[start, end)`` for removal (an event that must not reach the client)."""
-        self._cuts.append((start, end))
+        insort(self._cuts, (start, end))
         if open_cr:
-            self._lf_at = end
+            self._lf_at.append(end)
 
     def push(self, chunk: bytes, boundary: int) -> bytes:
         """Add ``chunk``; return the releasable bytes before ``boundary``."""
-        if self._lf_at >= 0:
-            at = self._lf_at
+        if self._lf_at:
             end = self._held_start + len(self._held) + len(chunk)
-            if at < end:
-                self._lf_at = -1
-                data = self._held + chunk
-                if data[at - self._held_start] == 0x0A:
-                    self._cuts.append((at, at + 1))
+            data = self._held + chunk
+            waiting = []
+            for at in self._lf_at:
+                if at >= end:
+                    waiting.append(at)
+                elif at >= self._held_start and data[at - self._held_start] == 0x0A:
+                    insort(self._cuts, (at, at + 1))
                     boundary = max(boundary, at + 1)
+            self._lf_at = waiting
         if not self._held and not self._cuts and boundary == self._held_start + len(chunk):
             self._held_start = boundary
             return chunk

@@ -11,21 +11,18 @@ Pure: no I/O, no framework imports.
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
 from orjson import loads
 
 from proxy.decoders.openai import OUTPUT as _OPENAI_OUTPUT
-from proxy.decoders.openai import ChunkInfo
+from proxy.decoders.openai import SAFE_KIND, ChunkInfo
 from proxy.records import BackendTimings, queue_time_s
 
 __all__ = ["BackendTimings", "ChunkMeaning", "queue_time_s"]
 
 STREAM_ERROR = "stream_error"
 """``error.type`` of an in-stream error whose own type is missing or not a safe label value."""
-
-_SAFE_KIND = re.compile(r"[A-Za-z][A-Za-z0-9_.\-]{0,63}")
 
 
 ChunkMeaning = ChunkInfo
@@ -84,6 +81,6 @@ def error_kind(*candidates: Any) -> str:
     free-text messages ("model 'x' not found") never become a label.
     """
     for c in candidates:
-        if isinstance(c, str) and _SAFE_KIND.fullmatch(c):
+        if isinstance(c, str) and SAFE_KIND.fullmatch(c):
             return c
     return STREAM_ERROR

@@ -12,6 +12,7 @@ Pure: no I/O, never raises on bad data (returns ``None`` for "not decodable").
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +60,9 @@ class ChunkInfo:
     status: str = ""
     """Terminal status when the format reports one (``completed``, ``incomplete``, ``failed``)."""
 
+
+SAFE_KIND = re.compile(r"[A-Za-z][A-Za-z0-9_.\-]{0,63}")
+"""A low-cardinality label value: a short identifier (error types), never free text."""
 
 _NOT_OUTPUT = ChunkInfo(output=False)
 _OUTPUT = ChunkInfo(output=True)
@@ -129,7 +133,9 @@ def interpret_object(obj: dict[str, Any], *, known_ids: bool = False) -> ChunkIn
         kind = ""
         if isinstance(err, dict):
             t = err.get("type") or err.get("code")
-            kind = t if isinstance(t, str) else ""
+            # A label value: a short identifier, never a free-text message.
+            if isinstance(t, str) and SAFE_KIND.fullmatch(t):
+                kind = t
         return ChunkInfo(output=False, error=kind or "stream_error")
     choices = obj.get("choices")
     output = False

@@ -53,6 +53,7 @@ class SseDecoder:
         "_event",
         "_event_start",
         "_line",
+        "_mid_line",
         "_offset",
         "_skipping",
         "_started",
@@ -81,6 +82,7 @@ class SseDecoder:
         self._event_start = 0
         self._offset = 0  # bytes consumed so far
         self._skipping = False  # inside an oversized event: drop to the next blank line
+        self._mid_line = False  # a dropped partial line: its terminator is not a blank line
         self._started = False  # BOM check done
 
     def feed(self, chunk: bytes) -> list[SseEvent]:
@@ -94,6 +96,7 @@ class SseDecoder:
             and not self._data
             and not self._event
             and not self._skipping
+            and not self._mid_line
             and self._started
             and b"\r" not in chunk
         ):
@@ -109,7 +112,8 @@ class SseDecoder:
         shape; the general path then handles it.
         """
         blocks = chunk.split(b"\n\n")
-        blocks.pop()  # empty: the read ends with a blank line
+        if blocks.pop():  # not empty: the read ends with more than one blank line
+            return None
         limit = self.max_event_bytes
         for b in blocks:
             if not b.startswith((b"data:", b":")) or b"\n" in b or len(b) > limit:
@@ -163,6 +167,13 @@ class SseDecoder:
                 self._line.clear()
             else:
                 line = chunk[pos:end]
+            if self._mid_line:
+                # The rest of a line dropped while skipping: even if empty, it is
+                # that line's end, not a blank line.
+                self._mid_line = False
+                self.boundary_offset = base + nxt
+                pos = nxt
+                continue
             ev = self._line_done(line, base + nxt, nxt == n and self._after_cr)
             if ev is not None:
                 out.append(ev)
@@ -173,11 +184,14 @@ class SseDecoder:
     def _carry(self, chunk: bytes, pos: int, n: int) -> None:
         """Keep an incomplete line, or drop it when the event grows past the limit."""
         if self._skipping:
+            self._line.clear()
+            self._mid_line = True
             self.boundary_offset = self._offset + n
             return
         if len(self._line) + (n - pos) + self._data_bytes > self.max_event_bytes:
             self._line.clear()
             self._start_skip()
+            self._mid_line = True
             self.boundary_offset = self._offset + n
         else:
             self._line += chunk[pos:n]

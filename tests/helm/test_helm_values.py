@@ -29,6 +29,10 @@ CONFIG_FLAGS = {
     "sloTtft": "slo-ttft",
     "sloTpot": "slo-tpot",
     "drainTimeout": "drain-timeout",
+    "drainDelay": "drain-delay",
+    "headerTimeout": "header-timeout",
+    "bodyTimeout": "body-timeout",
+    "maxStreamDuration": "max-stream-duration",
     "logLevel": "log-level",
     "stallRatio": "stall-ratio",
     "stallFloor": "stall-floor",
@@ -172,6 +176,7 @@ def test_unset_flags_are_left_to_the_proxy(harness):
         "--listen=0.0.0.0:8080",
         "--admin=0.0.0.0:9464",
         "--backend-name=ci-tokenstamp",
+        "--drain-delay=5",  # the chart's own default: Services stop sending before the close
         "--drain-timeout=30",
     ]
 
