@@ -16,20 +16,11 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
-# RFC 9110 section 7.6.1 hop-by-hop headers, plus what the client library recomputes.
-_HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-    }
-)
+from proxy.headers import HOP_BY_HOP
+
+# The same hop-by-hop rule as the proxy (RFC 9110 section 7.6.1), plus what the
+# client library recomputes.
+_HOP_BY_HOP = HOP_BY_HOP
 _REQUEST_DROP = _HOP_BY_HOP | {"host", "content-length"}
 
 
