@@ -186,3 +186,37 @@ async def test_generic_provider_stops_injecting_when_usage_carries_timings(
     assert proxy.sink.requests["first"].completion_tokens == TOKENS
     # From then on the client sees exactly what it sees directly.
     assert normalise(bytes(second.body)) == normalise(bytes(direct.body))
+
+
+async def test_native_completion_route_and_backend_timings(
+    llamacpp: LlamaCppServer, recorded_proxy: ProxyFactory, tokenizer_json: Path
+) -> None:
+    """llama.cpp's own ``POST /completion``: bytes as direct, timed, and its own
+    prefill time (``timings.prompt_ms``) recorded beside the proxy's TTFT."""
+    prompts = Prompts(tokenizer_json, "native")
+    proxy = await recorded_proxy(llamacpp.url, provider="llama.cpp")
+    body = {"prompt": prompts.text(300), "n_predict": TOKENS, "temperature": 0, "seed": 7,
+            "stream": True, "cache_prompt": False}  # fmt: skip
+    async with session() as http:
+        direct = await stream(http, llamacpp.url, body, "native-direct", path="/completion")
+        await settle()
+        proxied = await stream(http, proxy.url, body, "native-proxied", path="/completion")
+    assert direct.status == proxied.status == 200
+    assert normalise(bytes(proxied.body)) == normalise(bytes(direct.body))
+    rec = proxy.sink.requests["native-proxied"]
+    assert rec.streamed
+    assert rec.outcome == "ok"
+    assert rec.output_events == TOKENS
+    assert rec.completion_tokens == TOKENS
+    assert rec.prompt_tokens is not None
+    assert rec.prompt_tokens > 200
+    timings = rec.backend_timings
+    assert timings is not None
+    assert timings.prefill_s is not None
+    # The backend's prefill is part of what the proxy saw as TTFT; the rest is
+    # queueing and transport: small on an idle loopback, never negative.
+    queue = rec.queue_time_s
+    assert queue is not None
+    assert rec.ttft_s is not None
+    assert 0 <= queue < rec.ttft_s
+    assert queue < 0.25, (rec.ttft_s, timings.prefill_s)
