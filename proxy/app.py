@@ -41,6 +41,7 @@ from proxy.stalls import BackendView, estimate_prompt_tokens
 from proxy.tasks import TaskSet
 from proxy.timing import StreamTimer, StreamWatcher
 from proxy.usage import inject, wants_injection
+from proxy.watchdog import WatchedBody
 
 if TYPE_CHECKING:
     from proxy.tracing import Tracing
@@ -314,7 +315,8 @@ async def _forward(
             progress.status = resp.status
             # A body that never ends is cut (outcome timeout) after --max-stream-duration.
             limit = cfg.max_stream_duration_s or None
-            async with asyncio.timeout(limit):
+            async with asyncio.timeout(limit), asyncio.timeout(None) as silence:
+                up.content = WatchedBody(up.content, silence, cfg.read_timeout_s)  # type: ignore[assignment]
                 if not observe or timer is None or fmt is None:
                     result = await relay_plain(up, resp, judge_status=timer is not None)
                 elif decoding is Decoding.SSE:
