@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-QUIET_SHARE = 0.005
+QUIET_SHARE = 0.002
 """Below this share of a run spent waiting for a CPU, the machine counts as quiet."""
 
 
