@@ -15,14 +15,30 @@ def close(measured: float, predicted: float, rel: float = 0.15, abs_s: float = 0
     return abs(measured - predicted) <= max(rel * predicted, abs_s)
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory) -> dict:
+_RUNS: list[dict] = []
+
+
+def _run_demo(tmp_path_factory: pytest.TempPathFactory) -> dict:
     pictures = tmp_path_factory.mktemp("demo-pictures")
     out = subprocess.run(
         [sys.executable, "-m", "proxy.cli", "demo", "--json", "--out", str(pictures)],
         capture_output=True, text=True, timeout=110, check=True,
     )  # fmt: skip
     return json.loads(out.stdout)
+
+
+@pytest.fixture
+def results(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """One demo run shared by this module's tests; a retried test measures again.
+
+    The figures are timings of real processes on a shared machine. When pytest
+    retries a failed test (``--reruns``), it gets a fresh run, not the same
+    numbers again (a module-scoped fixture would hand back the cached run).
+    """
+    retry = getattr(request.node, "execution_count", 1) > 1
+    if retry or not _RUNS:
+        _RUNS[:] = [_run_demo(tmp_path_factory)]
+    return _RUNS[0]
 
 
 @pytest.mark.timeout(120)

@@ -187,14 +187,24 @@ async def stream(
     return cap
 
 
+_PROMPT_NONCE = itertools.count()
+
+
 class Prompts:
-    """Random prompts of a given size in the test model's tokens (servers cache prefixes)."""
+    """Random prompts of a given size in the test model's tokens, new on every run.
+
+    Both servers cache prompt prefixes, and a server can outlive one attempt of
+    a test (session fixtures; pytest retries a failed test): a prompt seen
+    before would be a cache hit, its prefill almost free, and a stall test
+    would find no stall. So ``seed`` only names the stream; every instance
+    also draws on a fresh nonce.
+    """
 
     def __init__(self, tokenizer_json: Path, seed: str) -> None:
         from tokenizers import Tokenizer
 
         self._tok = Tokenizer.from_file(str(tokenizer_json))
-        self._words = WordSource(seed)
+        self._words = WordSource(f"{seed}-{time.time_ns()}-{next(_PROMPT_NONCE)}")
 
     def text(self, tokens: int) -> str:
         """A fresh random text of about ``tokens`` tokens (BPE may merge one or two)."""

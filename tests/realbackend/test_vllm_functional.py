@@ -70,7 +70,7 @@ async def test_metrics_agree_with_vllm(
     vllm: VllmServer, recorded_proxy: ProxyFactory, capsys: pytest.CaptureFixture[str]
 ) -> None:
     proxy: RecordedProxy = await recorded_proxy(vllm.url, provider="vllm")
-    prompts = Prompts(vllm.model / "tokenizer.json", f"vllm-{time.time_ns()}")
+    prompts = Prompts(vllm.model / "tokenizer.json", "vllm")
     # 0. Each size asked directly (before the counted part): what vLLM's own client
     # sees beyond vLLM's TTFT - vLLM starts its clock after parsing the request and
     # stops it before the token is serialised and written.
