@@ -34,7 +34,7 @@ from multidict import CIMultiDict
 from proxy.config import ProxyConfig
 from proxy.decoders.registry import Decoding, Format, choose, route
 from proxy.headers import client_response_headers, upstream_request_headers
-from proxy.labels import ModelLabeler
+from proxy.labels import ErrorKindLabeler, ModelLabeler
 from proxy.records import Backend, Outcome, RequestLabels, Sink
 from proxy.relay import RelayResult, relay_json, relay_ndjson, relay_plain, relay_sse
 from proxy.stalls import BackendView, estimate_prompt_tokens
@@ -70,6 +70,8 @@ class ProxyState:
     """The upstream's labels."""
     labeler: ModelLabeler
     """Bounded model labels."""
+    error_kinds: ErrorKindLabeler = field(default_factory=ErrorKindLabeler)
+    """Bounded ``error.type`` values reported by the upstream in its stream."""
     watcher: StreamWatcher | None = None
     """What sees every stream's events: the stall view, and any extra watcher."""
     stalls: BackendView | None = None

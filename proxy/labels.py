@@ -1,4 +1,8 @@
-"""Bounded model labels: an allowlist, or the first N distinct names, then ``other``."""
+"""Bounded label values from untrusted input.
+
+Model names: an allowlist, or the first N distinct names, then ``other``.
+Error types an upstream reports in its stream: the first N distinct, then ``_OTHER``.
+"""
 
 from __future__ import annotations
 
@@ -36,3 +40,37 @@ class ModelLabeler:
             return OTHER
         self._seen.add(model)
         return model
+
+
+ERROR_OTHER = "_OTHER"
+"""``error.type`` past the limit (the OpenTelemetry semantic conventions' fallback)."""
+ERROR_KIND_LIMIT = 32
+"""Distinct upstream error types kept as label values per proxy."""
+
+
+class ErrorKindLabeler:
+    """Bounds the ``error.type`` values an upstream can create.
+
+    The proxy's own error types are a fixed set; the ones a backend reports
+    inside its stream (``overloaded_error``, ``validation``...) are safe in form
+    (the decoders pass identifiers only) but not in number: a backend could
+    send a new one with every request. The first ``limit`` distinct values
+    pass, later new ones are ``_OTHER``.
+    """
+
+    __slots__ = ("_limit", "_seen")
+
+    def __init__(self, limit: int = ERROR_KIND_LIMIT) -> None:
+        if limit < 0:
+            raise ValueError("error kind limit must be >= 0")
+        self._limit = limit
+        self._seen: set[str] = set()
+
+    def label(self, kind: str) -> str:
+        """The label value for the upstream-reported ``kind``."""
+        if kind in self._seen:
+            return kind
+        if len(self._seen) >= self._limit:
+            return ERROR_OTHER
+        self._seen.add(kind)
+        return kind

@@ -145,7 +145,7 @@ async def relay_sse(
             except ConnectionError:
                 return _disconnected(resp)
     if timer.stream_error:
-        return RelayResult(resp, Outcome.UPSTREAM_ERROR, resp.status, timer.stream_error)
+        return _stream_failed(resp, timer, state)
     return _by_status(resp)
 
 
@@ -191,7 +191,7 @@ async def relay_ndjson(
         if not chunk:
             break
     if timer.stream_error:
-        return RelayResult(resp, Outcome.UPSTREAM_ERROR, resp.status, timer.stream_error)
+        return _stream_failed(resp, timer, state)
     return _by_status(resp)
 
 
@@ -236,8 +236,14 @@ async def relay_json(
             # Not a stream: no first token to see, only what the body reports.
             timer.chunk(replace(info, output=False), now_ns)
     if timer.stream_error and resp.status < 400:
-        return RelayResult(resp, Outcome.UPSTREAM_ERROR, resp.status, timer.stream_error)
+        return _stream_failed(resp, timer, state)
     return _by_status(resp)
+
+
+def _stream_failed(resp: web.StreamResponse, timer: StreamTimer, state: ProxyState) -> RelayResult:
+    """The upstream reported an error inside its body: its type, bounded in number."""
+    kind = state.error_kinds.label(timer.stream_error)
+    return RelayResult(resp, Outcome.UPSTREAM_ERROR, resp.status, kind)
 
 
 def _by_status(resp: web.StreamResponse) -> RelayResult:

@@ -10,6 +10,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from proxy.labels import ERROR_KIND_LIMIT, ERROR_OTHER
 from tests.conftest import Script
 
 LABELS = {
@@ -328,6 +329,40 @@ async def test_upstream_dying_mid_stream_cuts_the_client(upstream, proxy_factory
         for s in m.samples if s.name == "tokenstamp_requests_total"
     ]  # fmt: skip
     assert [c["tokenstamp_outcome"] for c in counted] == ["upstream_error"]
+
+
+async def test_upstream_error_types_are_bounded_in_number(upstream, proxy_factory):
+    """A backend inventing a new error type per request cannot grow the series without end."""
+    served = 0
+
+    async def new_kind_each_time(request: web.Request) -> web.StreamResponse:
+        nonlocal served
+        served += 1
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(chat_chunk("a") + sse({"error": {"type": f"kind_{served}"}}))
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    upstream.handler = new_kind_each_time
+    p = await proxy_factory(upstream.url, inject_usage=False)
+    sent: list[bytes] = []
+    for _ in range(ERROR_KIND_LIMIT + 8):
+        status, got, _ = await post(p.url + "/v1/chat/completions", body())
+        assert status == 200
+        sent.append(got)
+    # Every byte still reaches the client, the 40th error like the first.
+    assert sent[-1].endswith(
+        sse({"error": {"type": f"kind_{ERROR_KIND_LIMIT + 8}"}}) + b"data: [DONE]\n\n"
+    )
+    await asyncio.sleep(0.05)
+    kinds = {
+        s.labels["error_type"] for m in p.registry.collect() if m.name == "tokenstamp_requests"
+        for s in m.samples if s.name == "tokenstamp_requests_total"
+    }  # fmt: skip
+    assert kinds == {f"kind_{i}" for i in range(1, ERROR_KIND_LIMIT + 1)} | {ERROR_OTHER}
+    assert sample(p, "tokenstamp_requests_total", tokenstamp_outcome="upstream_error",
+                  http_response_status_code="2xx", error_type=ERROR_OTHER) == 8  # fmt: skip
 
 
 async def test_client_disconnect_closes_upstream_quickly(upstream, proxy_factory):
