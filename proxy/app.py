@@ -171,6 +171,16 @@ def _abort(request: web.Request, resp: web.StreamResponse) -> None:
         request.transport.close()
 
 
+# Why an upstream gave no response, in the 502's message (``error.type`` stays the class).
+_NO_ANSWER = {
+    "ClientConnectorError": "unreachable",
+    "ClientConnectorDNSError": "unreachable (name not resolved)",
+    "ServerDisconnectedError": "closed the connection without answering",
+    "ClientOSError": "reset the connection without answering",
+    "ClientResponseError": "answered with something that is not HTTP",
+}
+
+
 async def handle(request: web.Request) -> web.StreamResponse:
     """Forward one request; observe it when it is a completion call."""
     state = request.app[STATE]
@@ -354,7 +364,7 @@ async def _forward(
     except aiohttp.ClientError as exc:
         kind = type(exc).__name__
         if resp is None:
-            msg = f"upstream {cfg.backend_label} unreachable: {kind}"
+            msg = f"upstream {cfg.backend_label} {_NO_ANSWER.get(kind, 'failed')}: {kind}"
             return RelayResult(json_error(502, "upstream_unreachable", msg),
                                Outcome.UPSTREAM_ERROR, 502, kind)  # fmt: skip
         _abort(request, resp)

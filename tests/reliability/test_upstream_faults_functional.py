@@ -41,7 +41,13 @@ DONE = b"data: [DONE]\n\n"
 
 def unreachable(kind: str) -> bytes:
     """The exact 502 body for an upstream that failed before its status line."""
-    msg = f"upstream test-backend unreachable: {kind}"
+    why = {
+        "ClientConnectorError": "unreachable",
+        "ServerDisconnectedError": "closed the connection without answering",
+        "ClientOSError": "reset the connection without answering",
+        "ClientResponseError": "answered with something that is not HTTP",
+    }[kind]
+    msg = f"upstream test-backend {why}: {kind}"
     return json.dumps({"error": {"message": msg, "type": "upstream_unreachable", "code": 502}})\
         .encode()  # fmt: skip
 
