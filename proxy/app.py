@@ -35,9 +35,10 @@ from proxy.config import ProxyConfig
 from proxy.decoders.registry import Decoding, Format, choose, route
 from proxy.headers import client_response_headers, upstream_request_headers
 from proxy.labels import ErrorKindLabeler, ModelLabeler
+from proxy.prompt_size import estimate_prompt_tokens
 from proxy.records import Backend, Outcome, RequestLabels, Sink
 from proxy.relay import RelayResult, relay_json, relay_ndjson, relay_plain, relay_sse
-from proxy.stalls import BackendView, estimate_prompt_tokens
+from proxy.stalls import BackendView
 from proxy.tasks import TaskSet
 from proxy.timing import StreamTimer, StreamWatcher
 from proxy.usage import inject, wants_injection

@@ -383,31 +383,3 @@ def _shares(culprits: list[_Window]) -> list[float]:
         total = sum(known)
         return [h / total for h in known]
     return [1 / len(culprits)] * len(culprits)
-
-
-def estimate_prompt_tokens(body: Mapping[str, object]) -> int | None:
-    """Prompt size of a chat or completions body, about 4 characters a token; None if unknown.
-
-    Counts message text (string or text parts) and a completions ``prompt``
-    (text, or token ids counted one each). Never keeps the text.
-    """
-    chars = 0
-    messages = body.get("messages")
-    prompt = body.get("prompt")
-    if isinstance(messages, list):
-        for message in messages:
-            content = message.get("content") if isinstance(message, dict) else None
-            if isinstance(content, str):
-                chars += len(content)
-            elif isinstance(content, list):
-                for part in content:
-                    text = part.get("text") if isinstance(part, dict) else None
-                    if isinstance(text, str):
-                        chars += len(text)
-    elif isinstance(prompt, str):
-        chars = len(prompt)
-    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-        return len(prompt)
-    else:
-        return None
-    return -(-chars // 4)

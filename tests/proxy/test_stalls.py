@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 from exporters import names
 from exporters.prometheus import PrometheusSink
 from proxy.config import ConfigError, config_from_argv
+from proxy.prompt_size import estimate_prompt_tokens
 from proxy.records import (
     Backend,
     PrefillRecord,
@@ -24,7 +25,7 @@ from proxy.records import (
     StallRecord,
 )
 from proxy.stall_detector import MedianWindow, StallDetector, StallSettings
-from proxy.stalls import BackendView, estimate_prompt_tokens
+from proxy.stalls import BackendView
 
 MS = 1_000_000
 BACKEND = Backend("vllm", "gpu-0")
@@ -444,20 +445,6 @@ def test_a_failing_sink_never_raises_into_the_stream(caplog, view_errors_allowed
 
 
 # -- prompt size estimate ------------------------------------------------------------------
-
-
-def test_estimate_prompt_tokens_counts_text_and_token_ids():
-    chat = {
-        "messages": [
-            {"role": "system", "content": "abcd" * 10},
-            {"role": "user", "content": [{"type": "text", "text": "ab"}, {"type": "image"}]},
-        ]
-    }
-    assert estimate_prompt_tokens(chat) == 11
-    assert estimate_prompt_tokens({"prompt": "x" * 9}) == 3
-    assert estimate_prompt_tokens({"prompt": [1, 2, 3]}) == 3
-    assert estimate_prompt_tokens({"prompt": [[1, 2]]}) is None
-    assert estimate_prompt_tokens({}) is None
 
 
 # -- configuration and exporter -----------------------------------------------------------
