@@ -170,6 +170,18 @@ def test_prometheus_rule_carries_the_charts_rules(harness, tmp_path):
         return
     groups = [g for f in files for g in yaml.safe_load(f.read_text(encoding="utf-8"))["groups"]]
     rule = rendered.one("PrometheusRule")
+    # Every alert's runbook link points at the configured runbook, its own section.
+    base = _all_on(harness)["prometheusRule"]["runbookUrl"]
+    assert base.startswith("https://")
+    links = 0
+    for group in groups:
+        for r in group["rules"]:
+            url = r.get("annotations", {}).get("runbook_url")
+            if url is not None:
+                assert url == f"dashboards/runbook.md#{r['alert'].lower()}"
+                r["annotations"]["runbook_url"] = f"{base}#{r['alert'].lower()}"
+                links += 1
+    assert links == sum(1 for g in groups for r in g["rules"] if "alert" in r)
     assert rule["spec"]["groups"] == groups
     assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     harness.validate(rule)

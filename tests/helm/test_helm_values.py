@@ -277,6 +277,15 @@ def test_values_that_cannot_work_fail_naming_the_value(harness, values, message)
         harness.render(values)
 
 
+# The alert's own anchor is appended: a base with one would break every link, and a
+# relative one is what the rules carry already.
+@pytest.mark.parametrize("url", ["https://x/runbook.md#top", "runbook.md", "https://x/a b"])
+def test_runbook_url_must_be_an_absolute_url_without_anchor(harness, url):
+    values = {"config": UPSTREAM, "prometheusRule": {"runbookUrl": url}}
+    with pytest.raises(helm_python.HelmValuesError, match="runbookUrl"):
+        harness.render(values)
+
+
 def test_grace_period_defaults_above_a_fractional_drain(harness):
     rendered = harness.render({"config": {**UPSTREAM, "drainTimeout": 12.5}})
     pod_spec = rendered.one("Deployment")["spec"]["template"]["spec"]
