@@ -8,9 +8,14 @@ phase of serving it belongs to.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
+
+from dashboards import promql, rules
+from dashboards.config import Config
+from exporters import names
 
 Json = dict[str, Any]
 
@@ -40,6 +45,27 @@ class Query:
     """Instant query (stat panels) instead of a range query."""
     heatmap: bool = False
     """Return buckets in heatmap format (``le`` labels as rows)."""
+
+
+def legend(*labels: str) -> str:
+    """A legend format showing each of ``labels``: ``{{a}} {{b}}``."""
+    return " ".join(f"{{{{{label}}}}}" for label in labels)
+
+
+def percentiles(
+    inst: names.Instrument, sel: str, window: str, by: str, quantiles: Sequence[float]
+) -> list[Query]:
+    """One quantile query of histogram ``inst`` per label ``by`` for each of ``quantiles``."""
+    return [
+        Query(promql.quantile(q, inst, sel, window, (by,)), f"p{q * 100:g} {legend(by)}")
+        for q in quantiles
+    ]
+
+
+def buckets(inst: names.Instrument, sel: str, window: str) -> Query:
+    """A heatmap query: what each bucket of histogram ``inst`` gained over ``window``."""
+    expr = f"sum by (le) (increase({inst.prom_name}_bucket{sel}[{window}]))"
+    return Query(expr, legend("le"), heatmap=True)
 
 
 def _target(q: Query, ref_id: str) -> Json:
@@ -252,6 +278,12 @@ def query_variable(name: str, label: str, query: str) -> Json:
     }
 
 
+def request_label_variable(config: Config, name: str, title: str, label: str, *extra: str) -> Json:
+    """A variable over the values of ``label`` on the request counter (``extra`` matchers)."""
+    query = f"label_values({names.REQUESTS.prom_series}{rules.sel(config, *extra)}, {label})"
+    return query_variable(name, title, query)
+
+
 def prometheus_annotation(name: str, expr: str, title: str, text: str, color: str) -> Json:
     """An annotation drawn wherever ``expr`` returns a series (Grafana's Prometheus fields)."""
     return {
@@ -270,18 +302,21 @@ def prometheus_annotation(name: str, expr: str, title: str, text: str, color: st
 
 
 def dashboard(
+    config: Config,
     *,
     uid: str,
     title: str,
     description: str,
-    tags: tuple[str, ...],
-    refresh: str,
-    time_from: str,
     panels: list[Json],
     variables: list[Json],
     annotations: tuple[Json, ...] = (),
 ) -> Json:
-    """The dashboard document; links to the other dashboards sharing its first tag."""
+    """The dashboard document; links to the other dashboards sharing its first tag.
+
+    Tags, refresh and time range come from ``config``; the data source variable
+    comes first, then ``variables``.
+    """
+    tags = config.dashboard_tags
     builtin = {
         "builtIn": 1,
         "datasource": {"type": "grafana", "uid": "-- Grafana --"},
@@ -300,11 +335,11 @@ def dashboard(
                    "keepTime": True, "tags": [tags[0]], "targetBlank": False,
                    "title": "tokenstamp", "tooltip": "", "type": "dashboards"}],
         "panels": panels,
-        "refresh": refresh,
+        "refresh": config.dashboard_refresh,
         "schemaVersion": SCHEMA_VERSION,
         "tags": list(tags),
-        "templating": {"list": variables},
-        "time": {"from": time_from, "to": "now"},
+        "templating": {"list": [datasource_variable(), *variables]},
+        "time": {"from": config.dashboard_time_from, "to": "now"},
         "timepicker": {},
         "timezone": "",
         "title": title,

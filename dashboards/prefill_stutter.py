@@ -15,12 +15,14 @@ from dashboards.grafana import (
     Layout,
     Phase,
     Query,
+    buckets,
     dashboard,
-    datasource_variable,
     heatmap,
+    legend,
     line_at,
+    percentiles,
     prometheus_annotation,
-    query_variable,
+    request_label_variable,
     right_axis,
     stat,
     thresholds,
@@ -32,10 +34,6 @@ UID = "tokenstamp-prefill-stutter"
 BACKEND = names.label_name(names.SERVER_ADDRESS)
 CAUSE = names.label_name(names.STALL_CAUSE)
 RI = promql.RATE_INTERVAL
-
-
-def _legend(*labels: str) -> str:
-    return " ".join(f"{{{{{label}}}}}" for label in labels)
 
 
 def _burst_expr(config: Config) -> str:
@@ -86,21 +84,19 @@ def build(config: Config) -> Json:
                        "per second: prefill when a culprit's prefill overlapped, else "
                        "unattributed.", Phase.STUTTER,
                        [Query(promql.counter_rate(names.STALLS, s, RI, (BACKEND, CAUSE)),
-                              _legend(CAUSE, BACKEND))], "short"), 12)  # fmt: skip
+                              legend(CAUSE, BACKEND))], "short"), 12)  # fmt: skip
     lay.add(heatmap("Stall durations", "Stalls per duration bucket over time, both causes: how "
                     "long output froze each time.", Phase.STUTTER,
-                    Query(f"sum by (le) (increase({names.STALL_DURATION.prom_name}_bucket{s}"
-                          f"[{RI}]))", "{{le}}", heatmap=True), "s"), 12)  # fmt: skip
+                    buckets(names.STALL_DURATION, s, RI), "s"), 12)  # fmt: skip
     lay.add(timeseries("Stall duration p50 / p99 by cause", "Median and p99 length of one stall, "
                        "by cause.", Phase.STUTTER,
-                       [Query(promql.quantile(q, names.STALL_DURATION, s, RI, (CAUSE,)),
-                              f"p{q * 100:g} {{{{{CAUSE}}}}}") for q in (0.5, 0.99)],
+                       percentiles(names.STALL_DURATION, s, RI, CAUSE, (0.5, 0.99)),
                        "s", threshold=line_at(config.worst_gap_threshold_s, "orange")),
             12)  # fmt: skip
     lay.add(timeseries("Share of streams that stalled", f"Share of finished streams whose worst "
                        f"gap exceeded {gap_s}s (the dashed line's gap).", Phase.DECODE,
                        [Query(promql.share_above(names.MAX_GAP, config.worst_gap_threshold_s,
-                                                 s, RI, (BACKEND,)), _legend(BACKEND))],
+                                                 s, RI, (BACKEND,)), legend(BACKEND))],
                        "percentunit", maximum=1), 12)  # fmt: skip
 
     lay.row("What prefills cost the other streams")
@@ -108,21 +104,21 @@ def build(config: Config) -> Json:
                        "prefills (stall minus baseline): how many streams are frozen on "
                        "average.", Phase.STUTTER,
                        [Query(promql.counter_rate(names.STUTTER_COST, s, RI, (BACKEND,)),
-                              _legend(BACKEND))], "short"), 12)  # fmt: skip
+                              legend(BACKEND))], "short"), 12)  # fmt: skip
     lay.add(timeseries("Streams stalled per prefill", "How many other streams one request's "
                        "prefill stalled: mean and p99 per finished prefill.", Phase.STUTTER,
-                       [Query(promql.mean(stalled, s, RI, (BACKEND,)), f"mean {_legend(BACKEND)}"),
+                       [Query(promql.mean(stalled, s, RI, (BACKEND,)), f"mean {legend(BACKEND)}"),
                         Query(promql.quantile(0.99, stalled, s, RI, (BACKEND,)),
-                              f"p99 {_legend(BACKEND)}")], "short"), 12)  # fmt: skip
+                              f"p99 {legend(BACKEND)}")], "short"), 12)  # fmt: skip
     lay.add(timeseries("Stream time frozen by prefills", f"Stutter cost over active streams "
                        f"({w}): the share of all output time lost to prefills; alert above the "
                        "line.", Phase.STUTTER,
-                       [Query(stutter_share, _legend(BACKEND, "instance"))], "percentunit",
+                       [Query(stutter_share, legend(BACKEND, "instance"))], "percentunit",
                        threshold=stutter_line), 12)  # fmt: skip
     lay.add(timeseries("Stream time in unattributed stalls", f"Unattributed stall seconds over "
                        f"active streams ({w}): output time lost to the backend's own hiccups; "
                        "alert above the line.", Phase.DECODE,
-                       [Query(unattributed_share, _legend(BACKEND, "instance"))], "percentunit",
+                       [Query(unattributed_share, legend(BACKEND, "instance"))], "percentunit",
                        threshold=unattributed_line), 12)  # fmt: skip
 
     lay.row("The trade: first token against smooth output")
@@ -131,28 +127,19 @@ def build(config: Config) -> Json:
         "TTFT next to prefill stall rate", "TTFT p90 (left) and prefill stalls per second "
         "(right): a smaller prefill chunk lowers stalls and raises TTFT.", Phase.PREFILL,
         [Query(promql.quantile(0.9, names.TTFT, ttft_by, RI, (BACKEND,)),
-               f"TTFT p90 {_legend(BACKEND)}"),
+               f"TTFT p90 {legend(BACKEND)}"),
          Query(promql.counter_rate(names.STALLS, prefill, RI, (BACKEND,)),
-               f"prefill stalls/s {_legend(BACKEND)}")],
+               f"prefill stalls/s {legend(BACKEND)}")],
         "s", overrides=[right_axis("B", "short")]), 24, 9)  # fmt: skip
 
     return dashboard(
+        config,
         uid=UID,
         title="tokenstamp / Prefill stutter",
         description="How much one request's prefill freezes every other stream of its "
         "backend, and what chunked prefill trades for it.",
-        tags=config.dashboard_tags,
-        refresh=config.dashboard_refresh,
-        time_from=config.dashboard_time_from,
         panels=lay.panels,
-        variables=[
-            datasource_variable(),
-            query_variable(
-                "backend",
-                "Backend",
-                f"label_values({names.REQUESTS.prom_series}{rules.sel(config)}, {BACKEND})",
-            ),
-        ],
+        variables=[request_label_variable(config, "backend", "Backend", BACKEND)],
         annotations=(
             prometheus_annotation(
                 "Stutter bursts",

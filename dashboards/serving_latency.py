@@ -14,11 +14,13 @@ from dashboards.grafana import (
     Layout,
     Phase,
     Query,
+    buckets,
     dashboard,
-    datasource_variable,
     heatmap,
+    legend,
     line_at,
-    query_variable,
+    percentiles,
+    request_label_variable,
     stat,
     thresholds,
     timeseries,
@@ -33,15 +35,7 @@ RI = promql.RATE_INTERVAL
 
 
 def _percentiles(inst: names.Instrument, sel: str) -> list[Query]:
-    return [
-        Query(promql.quantile(q, inst, sel, RI, (BACKEND,)), f"p{q * 100:g} {{{{{BACKEND}}}}}")
-        for q in QUANTILES
-    ]
-
-
-def _buckets(inst: names.Instrument, sel: str) -> Query:
-    expr = f"sum by (le) (increase({inst.prom_name}_bucket{sel}[{RI}]))"
-    return Query(expr, "{{le}}", heatmap=True)
+    return percentiles(inst, sel, RI, BACKEND, QUANTILES)
 
 
 def _burn(config: Config, template: str, objective: float, what: str) -> Json:
@@ -56,7 +50,7 @@ def _burn(config: Config, template: str, objective: float, what: str) -> Json:
         f"{config.slo_period}); the alert fires above the drawn lines, not filtered by model.",
         Phase.PREFILL if what == "TTFT" else Phase.DECODE,
         [
-            Query(f"{rules.record_name(template, w)}{sel} / {budget}", f"{w} {{{{{BACKEND}}}}}")
+            Query(f"{rules.record_name(template, w)}{sel} / {budget}", f"{w} {legend(BACKEND)}")
             for w in longs
         ],
         "none",
@@ -113,18 +107,17 @@ def build(config: Config) -> Json:
                        threshold=line_at(config.ttft_target_s)), 12)  # fmt: skip
     lay.add(heatmap("TTFT distribution", "Requests per TTFT bucket over time: a second band "
                     "means a second population (cache hits, long prompts, queueing).",
-                    Phase.PREFILL, _buckets(names.TTFT, s), "s"), 12)  # fmt: skip
+                    Phase.PREFILL, buckets(names.TTFT, s, RI), "s"), 12)  # fmt: skip
     lay.add(timeseries(
         "TTFT by prefix cache", "Median and p90 TTFT of requests whose prompt prefix was "
         "cached (hit), not cached (miss) or not reported (unknown).", Phase.PREFILL,
-        [Query(promql.quantile(q, names.TTFT, s, RI, (names.label_name(names.PREFIX_CACHE),)),
-               f"p{q * 100:g} {{{{tokenstamp_prefix_cache}}}}") for q in (0.5, 0.9)],
+        percentiles(names.TTFT, s, RI, names.label_name(names.PREFIX_CACHE), (0.5, 0.9)),
         "s"), 12)  # fmt: skip
     lay.add(timeseries(
         "TTFT SLO misses", "Share of requests whose first token came later than the TTFT "
         "target.", Phase.PREFILL,
         [Query(promql.share_above(names.TTFT, config.ttft_target_s, s, RI, (BACKEND,)),
-               f"{{{{{BACKEND}}}}}")],
+               legend(BACKEND))],
         "percentunit", threshold=line_at(1 - config.ttft_objective), maximum=1), 12)  # fmt: skip
 
     lay.row("Decode: time per output token and gaps")
@@ -134,14 +127,14 @@ def build(config: Config) -> Json:
                        threshold=line_at(config.tpot_target_s)), 12)  # fmt: skip
     lay.add(heatmap("Inter-token gap", "Every gap between two consecutive output events of a "
                     "stream; stalls show as a band far above the decode step.", Phase.DECODE,
-                    _buckets(names.GAP, s), "s"), 12)  # fmt: skip
+                    buckets(names.GAP, s, RI), "s"), 12)  # fmt: skip
     lay.add(timeseries("Worst gap per stream", "Percentiles of each finished stream's single "
                        "longest gap: the stutter a reader saw.", Phase.DECODE,
                        _percentiles(names.MAX_GAP, s), "s",
                        threshold=line_at(config.worst_gap_threshold_s, "orange")), 12)  # fmt: skip
     lay.add(timeseries("Output tokens per second", "Output tokens per second per backend, "
                        "counted from usage when each request finishes.", Phase.DECODE,
-                       [Query(tokens_by, f"{{{{{BACKEND}}}}}")], "short"), 12)  # fmt: skip
+                       [Query(tokens_by, legend(BACKEND))], "short"), 12)  # fmt: skip
 
     lay.row("Requests")
     lay.add(timeseries("Request duration p50 / p90 / p99", "Arrival at the proxy to the end "
@@ -149,59 +142,46 @@ def build(config: Config) -> Json:
                        _percentiles(names.DURATION, s), "s"), 8)  # fmt: skip
     lay.add(timeseries("Decode share of request time", "1 - total TTFT / total duration: the "
                        "part of the time users spend reading tokens as they arrive.", Phase.BOTH,
-                       [Query(f"1 - (\n{ttft_sum}\n/\n{duration_sum}\n)", f"{{{{{BACKEND}}}}}")],
+                       [Query(f"1 - (\n{ttft_sum}\n/\n{duration_sum}\n)", legend(BACKEND))],
                        "percentunit", maximum=1), 8)  # fmt: skip
     lay.add(timeseries("Requests by outcome", "Finished requests per second by outcome and "
                        "HTTP status class.", Phase.BOTH,
                        [Query(promql.counter_rate(names.REQUESTS, s, RI, (outcome, status)),
-                              f"{{{{{outcome}}}}} {{{{{status}}}}}")],
+                              legend(outcome, status))],
                        "reqps", stack=True), 8)  # fmt: skip
     lay.add(timeseries("Active streams", "Requests in flight per backend: waiting for the "
                        "first token or streaming.", Phase.BOTH,
                        [Query(f"sum by ({BACKEND}) ({names.STREAMS_ACTIVE.prom_series}{s})",
-                              f"{{{{{BACKEND}}}}}")], "short"), 8)  # fmt: skip
+                              legend(BACKEND))], "short"), 8)  # fmt: skip
     lay.add(timeseries("Upstream error ratio", f"Share of requests ending in "
                        f"{' or '.join(config.upstream_error_outcomes)} over {w} (alert input, "
                        "not filtered by model).", Phase.BOTH,
                        [Query(f"{rules.record_name(rules.UPSTREAM_ERRORS, w)}{backend_only}",
-                              "{{server_address}} {{instance}}")], "percentunit",
+                              legend(BACKEND, "instance"))], "percentunit",
                        threshold=line_at(config.upstream_error_ratio_threshold)), 8)  # fmt: skip
     lay.add(timeseries("Decoder errors", f"Upstream events per second that could not be "
                        f"decoded over {w}: skipped and untimed, the bytes still flowed.",
                        Phase.BOTH,
                        [Query(f"{rules.record_name(rules.DECODER_ERRORS, w)}{backend_only}",
-                              "{{server_address}} {{instance}}")], "short"), 8)  # fmt: skip
+                              legend(BACKEND, "instance"))], "short"), 8)  # fmt: skip
 
     lay.row("SLO")
     lay.add(timeseries("Goodput per backend", "Share of finished streams that met both the "
                        "TTFT and the TPOT target.", Phase.BOTH,
-                       [Query(goodput_by, f"{{{{{BACKEND}}}}}")], "percentunit",
+                       [Query(goodput_by, legend(BACKEND))], "percentunit",
                        maximum=1), 8)  # fmt: skip
     lay.add(_burn(config, rules.TTFT_ERRORS, config.ttft_objective, "TTFT"), 8)
     lay.add(_burn(config, rules.TPOT_ERRORS, config.tpot_objective, "TPOT"), 8)
 
-    has_backend = f'{BACKEND}=~"$backend"'
     return dashboard(
+        config,
         uid=UID,
         title="tokenstamp / Serving latency",
         description="Prefill (time to first token) and decode (time per output token, every "
         "inter-token gap) measured apart, per backend and model.",
-        tags=config.dashboard_tags,
-        refresh=config.dashboard_refresh,
-        time_from=config.dashboard_time_from,
         panels=lay.panels,
         variables=[
-            datasource_variable(),
-            query_variable(
-                "backend",
-                "Backend",
-                f"label_values({names.REQUESTS.prom_series}{rules.sel(config)}, {BACKEND})",
-            ),
-            query_variable(
-                "model",
-                "Model",
-                f"label_values({names.REQUESTS.prom_series}{rules.sel(config, has_backend)}, "
-                f"{MODEL})",
-            ),
+            request_label_variable(config, "backend", "Backend", BACKEND),
+            request_label_variable(config, "model", "Model", MODEL, f'{BACKEND}=~"$backend"'),
         ],
     )

@@ -98,3 +98,19 @@ async def proxy_factory() -> AsyncIterator[Callable[..., object]]:
     yield make
     for p in started:
         await p.close(drain_timeout_s=1.0)
+
+
+@pytest.fixture
+def no_view_errors(caplog, request):
+    """Fails the test if the stall view logged an error (it swallows its own: traffic first).
+
+    Used by the stall tests (``pytest.mark.usefixtures("no_view_errors")``); a
+    test that provokes such an error asks for a ``view_errors_allowed`` fixture.
+    """
+    yield
+    if "view_errors_allowed" in request.fixturenames:
+        return
+    # At teardown ``caplog.records`` holds teardown's records only: read the test's own.
+    records = caplog.get_records("setup") + caplog.get_records("call")
+    errors = [r for r in records if r.name == "tokenstamp.stalls" and r.levelno >= 40]
+    assert not errors, errors[0].getMessage()

@@ -35,6 +35,8 @@ from proxy.decoders.meaning import (
     ChunkMeaning,
     count,
     error_kind,
+    event_type,
+    known_usage,
     load_object,
     obj_at,
     text,
@@ -54,9 +56,7 @@ def interpret(data: str, event: str = "message", *, known_ids: bool = False) -> 
     obj = load_object(data)
     if obj is None:
         return None
-    kind = obj.get("type")
-    if not isinstance(kind, str):
-        kind = event
+    kind = event_type(obj, event)
     if kind == "content_block_delta":
         return OUTPUT if _delta_is_output(obj.get("delta")) else NOT_OUTPUT
     if kind == "message_start":
@@ -66,17 +66,21 @@ def interpret(data: str, event: str = "message", *, known_ids: bool = False) -> 
     if kind == "message_stop":
         return _DONE
     if kind == "error":
-        err = obj_at(obj, "error")
-        return ChunkMeaning(output=False, error=error_kind(err.get("type") if err else None))
+        return _error(obj)
     return NOT_OUTPUT
 
 
 def interpret_body(obj: dict[str, Any]) -> ChunkMeaning:
     """Interpret a non-streaming response body (a Message, or an error object)."""
     if obj.get("type") == "error":
-        err = obj_at(obj, "error")
-        return ChunkMeaning(output=False, error=error_kind(err.get("type") if err else None))
+        return _error(obj)
     return _message(obj, start=False)
+
+
+def _error(obj: dict[str, Any]) -> ChunkMeaning:
+    """An error event or body: ``{"type": "error", "error": {"type": ...}}``."""
+    err = obj_at(obj, "error")
+    return ChunkMeaning(output=False, error=error_kind(err.get("type") if err else None))
 
 
 def _delta_is_output(delta: Any) -> bool:
@@ -116,6 +120,4 @@ def _usage(u: dict[str, Any] | None, *, with_output: bool) -> Usage | None:
     prompt = None if fresh is None else fresh + (read or 0) + (written or 0)
     output = count(u.get("output_tokens")) if with_output else None
     # A message_delta with only output_tokens leaves message_start's prompt counts in force.
-    if prompt is None and output is None and read is None:
-        return None
-    return Usage(prompt_tokens=prompt, completion_tokens=output, cached_tokens=read)
+    return known_usage(prompt, output, read)

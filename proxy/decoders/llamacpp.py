@@ -39,12 +39,13 @@ from proxy.decoders.meaning import (
     ChunkMeaning,
     count,
     error_kind,
+    known_usage,
     load_object,
     obj_at,
     seconds,
     text,
 )
-from proxy.decoders.openai import ChunkInfo, Usage
+from proxy.decoders.openai import ChunkInfo
 
 _MS = 1e3
 _STOPPED = (("stopped_eos", "eos"), ("stopped_limit", "limit"), ("stopped_word", "word"))
@@ -72,14 +73,11 @@ def interpret_body(obj: dict[str, Any]) -> ChunkInfo:
     prompt = count(obj.get("tokens_evaluated"))
     completion = count(obj.get("tokens_predicted"))
     cached = count(timings_obj.get("cache_n")) if timings_obj is not None else None
-    usage = None
-    if prompt is not None or completion is not None or cached is not None:
-        usage = Usage(prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached)
     reason = _stop_reason(obj)
     return ChunkMeaning(
         output=output,
         done=True,
-        usage=usage,
+        usage=known_usage(prompt, completion, cached),
         finish_reasons=(reason,) if reason else (),
         model=text(obj.get("model")),
         backend_timings=timings_of(obj),

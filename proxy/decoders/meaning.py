@@ -1,9 +1,10 @@
 """Shared by the format interpreters: ``ChunkMeaning`` (an alias of ``ChunkInfo``),
 ``BackendTimings`` and ``queue_time_s`` (re-exported from ``proxy.records``).
 
-Also here: the defensive JSON readers every interpreter uses. Upstream data
-is untrusted: a reader returns ``None`` for anything of the wrong type or
-range and never raises.
+Also here: the defensive JSON readers every interpreter uses, and the rules
+several formats follow (a typed event's kind, usage from counts). Upstream
+data is untrusted: a reader returns ``None`` for anything of the wrong type
+or range and never raises.
 
 Pure: no I/O, no framework imports.
 """
@@ -16,7 +17,7 @@ from typing import Any
 from orjson import loads
 
 from proxy.decoders.openai import OUTPUT as _OPENAI_OUTPUT
-from proxy.decoders.openai import SAFE_KIND, ChunkInfo
+from proxy.decoders.openai import SAFE_KIND, ChunkInfo, Usage
 from proxy.records import BackendTimings, queue_time_s
 
 __all__ = ["BackendTimings", "ChunkMeaning", "queue_time_s"]
@@ -48,9 +49,24 @@ def load_object(data: str | bytes) -> dict[str, Any] | None:
     return obj if type(obj) is dict else None
 
 
+def event_type(obj: dict[str, Any], event: str) -> str:
+    """A typed event's kind: its data's ``type`` when a string, else its SSE ``event`` name."""
+    kind = obj.get("type")
+    return kind if isinstance(kind, str) else event
+
+
 def count(v: Any) -> int | None:
     """A token count: a non-negative integer (not a bool), else ``None``."""
     return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+
+def known_usage(
+    prompt: int | None, completion: int | None, cached: int | None = None
+) -> Usage | None:
+    """``Usage`` of the counts read, or ``None`` when none of them is known."""
+    if prompt is None and completion is None and cached is None:
+        return None
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached)
 
 
 def seconds(v: Any, per_second: float) -> float | None:

@@ -34,11 +34,12 @@ from proxy.decoders.meaning import (
     ChunkMeaning,
     count,
     error_kind,
+    known_usage,
     load_object,
     seconds,
     text,
 )
-from proxy.decoders.openai import ChunkInfo, Usage
+from proxy.decoders.openai import ChunkInfo
 
 _NS = 1e9
 
@@ -67,13 +68,10 @@ def interpret_body(obj: dict[str, Any], *, known_ids: bool = False) -> ChunkInfo
     reason = text(obj.get("done_reason"))
     prompt = count(obj.get("prompt_eval_count"))
     completion = count(obj.get("eval_count"))
-    usage = None
-    if prompt is not None or completion is not None:
-        usage = Usage(prompt_tokens=prompt, completion_tokens=completion, cached_tokens=None)
     return ChunkMeaning(
         output=output,
         done=True,
-        usage=usage,
+        usage=known_usage(prompt, completion),
         finish_reasons=(reason,) if reason else (),
         model=text(obj.get("model")),
         backend_timings=_timings(obj, completion),

@@ -34,6 +34,7 @@ from proxy.decoders.meaning import (
     ChunkMeaning,
     count,
     error_kind,
+    event_type,
     load_object,
     obj_at,
     text,
@@ -63,9 +64,7 @@ def interpret(data: str, event: str = "message", *, known_ids: bool = False) -> 
     obj = load_object(data)
     if obj is None:
         return None
-    kind = obj.get("type")
-    if not isinstance(kind, str):
-        kind = event
+    kind = event_type(obj, event)
     if kind in OUTPUT_DELTAS:
         return OUTPUT if text(obj.get("delta")) else NOT_OUTPUT
     if kind in _OPENING:

@@ -31,11 +31,12 @@ from proxy.decoders.meaning import (
     ChunkMeaning,
     count,
     error_kind,
+    known_usage,
     load_object,
     obj_at,
     text,
 )
-from proxy.decoders.openai import ChunkInfo, Usage
+from proxy.decoders.openai import ChunkInfo
 
 
 def interpret(data: str, event: str = "message", *, known_ids: bool = False) -> ChunkInfo | None:
@@ -60,8 +61,7 @@ def interpret_body(obj: dict[str, Any]) -> ChunkInfo:
     if details is not None:
         prompt = count(details.get("input_length"))
         completion = count(details.get("generated_tokens"))
-        if prompt is not None or completion is not None:
-            usage = Usage(prompt_tokens=prompt, completion_tokens=completion, cached_tokens=None)
+        usage = known_usage(prompt, completion)
         reason = text(details.get("finish_reason"))
         reasons = (reason,) if reason else ()
     return ChunkMeaning(output=output, done=True, usage=usage, finish_reasons=reasons)

@@ -19,27 +19,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client import CollectorRegistry
 
 from exporters import otel_spans as keys
-from proxy.config import HostPort, ProxyConfig
 from proxy.server import start_proxy
-from simulator.engine import EngineConfig
-from simulator.profile import BUILTIN_PROFILES
-from simulator.server import create_app
+from tests.stallkit import simulator_proxy_config, start_simulator, stream_chat
 
 STREAMS = 6
 LONG_ID = "long-prompt-otel"
-
-
-async def _decode(session: aiohttp.ClientSession, url: str, i: int) -> None:
-    body = {
-        "model": "tokenstamp-sim",
-        "messages": [{"role": "user", "content": f"stream {i}"}],
-        "stream": True,
-        "max_tokens": 70,
-    }
-    async with session.post(url + "/v1/chat/completions", json=body) as resp:
-        assert resp.status == 200
-        async for _ in resp.content.iter_any():
-            pass
 
 
 async def _long(session: aiohttp.ClientSession, url: str) -> None:
@@ -57,23 +41,17 @@ async def _long(session: aiohttp.ClientSession, url: str) -> None:
 
 @pytest.mark.timeout(60)
 async def test_stalled_streams_link_to_the_culprit_span(aiohttp_server):
-    sim = await aiohttp_server(create_app(EngineConfig(BUILTIN_PROFILES["seed"])))
+    sim_url = await start_simulator(aiohttp_server, "seed")
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    config = ProxyConfig(
-        upstream=str(sim.make_url("")).rstrip("/"),
-        listen=HostPort("127.0.0.1", 0),
-        admin=HostPort("127.0.0.1", 0),
-        backend_name="sim",
-        provider="vllm",
-    )
+    config = simulator_proxy_config(sim_url)
     proxy = await start_proxy(config, registry=CollectorRegistry(), tracer_provider=provider)
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
             async with asyncio.TaskGroup() as group:
                 for i in range(STREAMS):
-                    group.create_task(_decode(session, proxy.url, i))
+                    group.create_task(stream_chat(session, proxy.url, i, max_tokens=70))
                 await asyncio.sleep(0.6)  # all streams past their first tokens
                 await _long(session, proxy.url)
             # Before the lingering spans are ended, spans must still be open.

@@ -19,52 +19,26 @@ from proxy.config import ConfigError, config_from_argv
 from proxy.prompt_size import estimate_prompt_tokens
 from proxy.records import (
     Backend,
-    PrefillRecord,
     RequestLabels,
     StallCause,
-    StallRecord,
 )
 from proxy.stall_detector import MedianWindow, StallDetector, StallSettings
 from proxy.stalls import BackendView
+from tests.stallkit import StallRecorder
 
 MS = 1_000_000
 BACKEND = Backend("vllm", "gpu-0")
 
 
-@pytest.fixture(autouse=True)
-def _no_view_errors(caplog, request):
-    """The view swallows its own errors (traffic first): here any of them fails the test."""
-    yield
-    if "view_errors_allowed" in request.fixturenames:
-        return
-    errors = [r for r in caplog.records if r.name == "tokenstamp.stalls" and r.levelno >= 40]
-    assert not errors, errors[0].getMessage()
-
+# The view swallows its own errors (traffic first): here any of them fails the test.
+pytestmark = pytest.mark.usefixtures("no_view_errors")
 
 LABELS = RequestLabels("chat", "m", BACKEND)
 SETTINGS_DEFAULT = StallSettings()
 
 
-class Recorder:
-    """A Sink that keeps stall and prefill records."""
-
-    def __init__(self) -> None:
-        self.stalls: list[StallRecord] = []
-        self.prefills: list[PrefillRecord] = []
-
-    def stall(self, record: StallRecord) -> None:
-        self.stalls.append(record)
-
-    def prefill_done(self, record: PrefillRecord) -> None:
-        self.prefills.append(record)
-
-    def prefill(self, rid: str) -> PrefillRecord:
-        (record,) = [p for p in self.prefills if p.request_id == rid]
-        return record
-
-
-def make_view(**settings: float) -> tuple[BackendView, Recorder]:
-    sink = Recorder()
+def make_view(**settings: float) -> tuple[BackendView, StallRecorder]:
+    sink = StallRecorder()
     return BackendView(BACKEND, sink, StallSettings(**settings)), sink  # type: ignore[arg-type]
 
 

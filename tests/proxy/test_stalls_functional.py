@@ -25,70 +25,13 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporters.prometheus import PrometheusSink
-from proxy.config import HostPort, ProxyConfig
-from proxy.records import (
-    Backend,
-    PrefillRecord,
-    RequestLabels,
-    RequestRecord,
-    StallCause,
-    StallRecord,
-)
+from proxy.records import StallCause, StallRecord
 from proxy.server import start_proxy
-from simulator.engine import EngineConfig
-from simulator.profile import BUILTIN_PROFILES
-from simulator.server import create_app
+from tests.stallkit import RecordingSink, simulator_proxy_config, start_simulator, stream_chat
 
 STREAMS = 40
 LONG_ID = "long-prompt-1"
 LONG_TEXT = "word " * 3200  # 16,000 characters: 4,000 simulated tokens
-
-
-class Tee:
-    """The Prometheus sink, plus a copy of every record for the test to join on."""
-
-    def __init__(self, prom: PrometheusSink) -> None:
-        self.prom = prom
-        self.requests: list[RequestRecord] = []
-        self.stalls: list[StallRecord] = []
-        self.prefills: list[PrefillRecord] = []
-
-    def request_started(self, labels: RequestLabels) -> None:
-        self.prom.request_started(labels)
-
-    def gap(self, labels: RequestLabels, gap_s: float, request_id: str) -> None:
-        self.prom.gap(labels, gap_s, request_id)
-
-    def request_finished(self, record: RequestRecord) -> None:
-        self.requests.append(record)
-        self.prom.request_finished(record)
-
-    def decoder_error(self, backend: Backend, kind: str) -> None:
-        self.prom.decoder_error(backend, kind)
-
-    def unobserved(self, backend: Backend, reason: str) -> None:
-        self.prom.unobserved(backend, reason)
-
-    def stall(self, record: StallRecord) -> None:
-        self.stalls.append(record)
-        self.prom.stall(record)
-
-    def prefill_done(self, record: PrefillRecord) -> None:
-        self.prefills.append(record)
-        self.prom.prefill_done(record)
-
-
-async def _decode(session: aiohttp.ClientSession, url: str, i: int) -> None:
-    body = {
-        "model": "tokenstamp-sim",
-        "messages": [{"role": "user", "content": f"stream {i}"}],
-        "stream": True,
-        "max_tokens": 110,
-    }
-    async with session.post(url + "/v1/chat/completions", json=body) as resp:
-        assert resp.status == 200
-        async for _ in resp.content.iter_any():
-            pass
 
 
 async def _long(client: AsyncOpenAI) -> str:
@@ -107,18 +50,10 @@ async def _long(client: AsyncOpenAI) -> str:
 
 async def _run(aiohttp_server, profile_name: str):
     """Serve the profile, proxy it, run the load; records, metrics and ground truth."""
-    sim = await aiohttp_server(create_app(EngineConfig(BUILTIN_PROFILES[profile_name])))
-    sim_url = str(sim.make_url("")).rstrip("/")
+    sim_url = await start_simulator(aiohttp_server, profile_name)
     registry = CollectorRegistry()
-    tee = Tee(PrometheusSink(registry))
-    config = ProxyConfig(
-        upstream=sim_url,
-        listen=HostPort("127.0.0.1", 0),
-        admin=HostPort("127.0.0.1", 0),
-        backend_name="sim",
-        provider="vllm",
-    )
-    proxy = await start_proxy(config, registry=registry, sink=tee)
+    tee = RecordingSink(PrometheusSink(registry))
+    proxy = await start_proxy(simulator_proxy_config(sim_url), registry=registry, sink=tee)
     assert proxy.stalls is not None
     try:
         connector = aiohttp.TCPConnector(limit=0)
@@ -127,7 +62,7 @@ async def _run(aiohttp_server, profile_name: str):
         async with aiohttp.ClientSession(connector=connector) as session, openai:
             async with asyncio.TaskGroup() as group:
                 for i in range(STREAMS):
-                    group.create_task(_decode(session, proxy.url, i))
+                    group.create_task(stream_chat(session, proxy.url, i, max_tokens=110))
                 # Unchunked, 40 short prompts take 40 steps (~1 s) to all be decoding.
                 await asyncio.sleep(1.6)
                 response_id = await _long(openai)
@@ -153,12 +88,12 @@ def _sum(samples, name: str, **labels: str) -> float:
     return float(sum(v for (n, ls), v in samples.items() if n == name and want <= ls))
 
 
-def _long_request_id(tee: Tee, response_id: str, truth: list[dict[str, Any]]) -> str:
+def _long_request_id(tee: RecordingSink, response_id: str, truth: list[dict[str, Any]]) -> str:
     """The proxy's id of the long request: via its response id, checked against the simulator."""
     (long_truth,) = [t for t in truth if t["type"] == "prefill" and t["x_request_id"] == LONG_ID]
     assert long_truth["response_id"] == response_id
     assert long_truth["prompt_tokens"] == 4002  # the text plus the role tag
-    (record,) = [r for r in tee.requests if r.response_id == response_id]
+    (record,) = [r for r in tee.requests.values() if r.response_id == response_id]
     return record.request_id
 
 
@@ -183,7 +118,7 @@ async def test_unchunked_long_prompt_is_named_for_the_stalls_of_the_40_streams(a
     frozen = {t["response_id"] for t in truth if t["type"] == "token" and t["step"] == step["step"]}
     frozen.discard(response_id)
     assert len(frozen) == STREAMS  # ground truth: all 40 were decoding in that step
-    proxy_ids = {r.response_id: r.request_id for r in tee.requests}
+    proxy_ids = {r.response_id: r.request_id for r in tee.requests.values()}
     named = [s for s in tee.stalls if long_id in s.culprits]
     stalled = {s.request_id for s in named}
     print(
@@ -194,7 +129,7 @@ async def test_unchunked_long_prompt_is_named_for_the_stalls_of_the_40_streams(a
     assert stalled <= {proxy_ids[r] for r in frozen}
     assert len(stalled) >= 0.75 * STREAMS  # all 40 but for scheduling noise on a shared box
     assert all(s.culprits == (long_id,) for s in named)
-    (long_prefill,) = [p for p in tee.prefills if p.request_id == long_id]
+    long_prefill = tee.prefills[long_id]
     assert long_prefill.stalled_streams == len(stalled)
     assert long_prefill.stutter_cost_s > 0.1 * len(stalled)
     # Once the long prompt is sent, nobody else is blamed. (Before, a scheduling hiccup
@@ -209,13 +144,13 @@ async def test_unchunked_long_prompt_is_named_for_the_stalls_of_the_40_streams(a
     assert _sum(samples, "tokenstamp_stall_duration_seconds_count", **prefill) == len(by_prefill)
     # Every request's prefill observed once, 0 included; the long one above 16 streams.
     assert _sum(samples, "tokenstamp_prefill_stalled_streams_count") == STREAMS + 1
-    above_16 = [p.request_id for p in tee.prefills if p.stalled_streams > 16]
+    above_16 = [p.request_id for p in tee.prefills.values() if p.stalled_streams > 16]
     assert long_id in above_16
     assert _sum(samples, "tokenstamp_prefill_stalled_streams_bucket", le="16.0") == (
         STREAMS + 1 - len(above_16)
     )
     assert _sum(samples, "tokenstamp_prefill_stutter_cost_seconds_total") == pytest.approx(
-        sum(p.stutter_cost_s for p in tee.prefills)
+        sum(p.stutter_cost_s for p in tee.prefills.values())
     )
 
 
@@ -232,7 +167,7 @@ async def test_chunked_long_prompt_stalls_nobody(aiohttp_server):
     lagged = [t for t in steps if t["end_ns"] - t["start_ns"] > 50_000_000]
     if not lagged:
         assert named == []
-    (long_prefill,) = [p for p in tee.prefills if p.request_id == long_id]
+    long_prefill = tee.prefills[long_id]
     assert long_prefill.stalled_streams == len({s.request_id for s in named})
     samples = _samples(metrics)
     assert _sum(samples, "tokenstamp_prefill_stalled_streams_count") == STREAMS + 1

@@ -59,11 +59,12 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
-from proxy.records import Backend, PrefillRecord, StallCause, StallRecord
+from proxy.records import Backend, StallCause
 from proxy.stall_detector import StallSettings
 from proxy.stalls import BackendView
 from simulator.cost import CostModel, seed_cost_model
 from simulator.planner import SequenceSpec, StepPlanner
+from tests.stallkit import StallRecorder
 
 MS = 1_000_000
 SETTINGS = StallSettings()
@@ -72,28 +73,8 @@ TARGET = 0.95
 BACKEND = Backend("sim", "sim:0")
 
 
-@pytest.fixture(autouse=True)
-def _no_view_errors(caplog, request):
-    """The view swallows its own errors (traffic first): here any of them fails the test."""
-    yield
-    if "view_errors_allowed" in request.fixturenames:
-        return
-    errors = [r for r in caplog.records if r.name == "tokenstamp.stalls" and r.levelno >= 40]
-    assert not errors, errors[0].getMessage()
-
-
-class Recorder:
-    """A Sink that keeps what the view reports."""
-
-    def __init__(self) -> None:
-        self.stalls: list[StallRecord] = []
-        self.prefills: list[PrefillRecord] = []
-
-    def stall(self, record: StallRecord) -> None:
-        self.stalls.append(record)
-
-    def prefill_done(self, record: PrefillRecord) -> None:
-        self.prefills.append(record)
+# The view swallows its own errors (traffic first): here any of them fails the test.
+pytestmark = pytest.mark.usefixtures("no_view_errors")
 
 
 @dataclass
@@ -136,7 +117,7 @@ class Truth:
 @dataclass
 class Run:
     truth: Truth
-    recorder: Recorder
+    recorder: StallRecorder
     token_at: dict[tuple[str, int], int]
     """(request id, delivery ns) -> token index."""
     prompts: dict[str, int]
@@ -224,7 +205,7 @@ def simulate(cost: CostModel, work: Workload, seed: int, settings: StallSettings
                 truth.stalls[(rid, k)] = culprits - {rid}
     # The proxy side: events in arrival order.
     events.sort()
-    recorder = Recorder()
+    recorder = StallRecorder()
     view = BackendView(BACKEND, recorder, settings)  # type: ignore[arg-type]
     last_at: dict[str, int] = {}
     token_at: dict[tuple[str, int], int] = {}

@@ -1,8 +1,9 @@
 """llama.cpp's own HTTP server (the ``xllamacpp`` wheel) in a child process we own.
 
-``LlamaCppServer`` starts ``python llamacpp_server.py ...`` (this file) on a free
-loopback port, waits for ``/health``, and stops it by its process id. Run as a
-script, this file configures ``xllamacpp.CommonParams`` and serves until SIGTERM.
+``LlamaCppServer`` starts ``python -m tests.realbackend.llamacpp_server ...``
+(this file) on a free loopback port, waits for ``/health``, and stops it by its
+process id (``procserver``). Run as a module, this file configures
+``xllamacpp.CommonParams`` and serves until SIGTERM.
 
 Settings that matter for the tests: ``n_parallel`` slots must exceed the number
 of concurrent streams (else a new request queues for a slot instead of stalling
@@ -17,15 +18,12 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import subprocess
 import sys
-import tempfile
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
+from typing import Self
+
+from tests.realbackend.procserver import REPO, ServerProcess
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,75 +82,27 @@ def main(argv: list[str] | None = None) -> int:
     os._exit(0)
 
 
-class LlamaCppServer:
+class LlamaCppServer(ServerProcess):
     """``with LlamaCppServer(model, port) as srv: srv.url`` — a llama.cpp server process."""
 
-    def __init__(self, model: Path, port: int, settings: LlamaCppSettings | None = None) -> None:
-        self.model = model
-        self.port = port
-        self.settings = settings or LlamaCppSettings()
-        self.url = f"http://127.0.0.1:{port}"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self._log = tempfile.NamedTemporaryFile(prefix="llamacpp-", suffix=".log", delete=False)  # noqa: SIM115
-        self.started_s = 0.0
-        """Seconds from spawning the process to a healthy server."""
+    name = "llama.cpp server"
 
-    def start(self, timeout_s: float = 60.0) -> LlamaCppServer:
+    def __init__(self, model: Path, port: int, settings: LlamaCppSettings | None = None) -> None:
+        super().__init__(port, "llamacpp-")
+        self.model = model
+        self.settings = settings or LlamaCppSettings()
+
+    def start(self, timeout_s: float = 60.0) -> Self:
         """Spawn the process and wait until ``/health`` answers 200."""
         s = self.settings
+        # As a module from the repository root: it imports ``tests.realbackend``.
         cmd = [
-            sys.executable, __file__, "--model", str(self.model), "--port", str(self.port),
+            sys.executable, "-m", "tests.realbackend.llamacpp_server",
+            "--model", str(self.model), "--port", str(self.port),
             "--n-batch", str(s.n_batch), "--n-parallel", str(s.n_parallel),
             "--n-ctx", str(s.n_ctx), "--threads", str(s.threads),
         ]  # fmt: skip
-        t0 = time.monotonic()
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
-        deadline = t0 + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"llama.cpp server exited: {self.log_tail()}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        self.started_s = time.monotonic() - t0
-                        return self
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"llama.cpp server not healthy after {timeout_s} s: {self.log_tail()}")
-
-    def kill(self) -> None:
-        """SIGKILL: the server dies mid-whatever, its sockets reset by the kernel."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-
-    def stop(self) -> None:
-        """SIGTERM by pid, SIGKILL after 10 s; idempotent."""
-        proc = self.proc
-        if proc is not None and proc.poll() is None:
-            os.kill(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait()
-        self._log.close()
-
-    def log_tail(self, chars: int = 3000) -> str:
-        """The end of the server's log."""
-        self._log.flush()
-        return Path(self._log.name).read_text(errors="replace")[-chars:]
-
-    def __enter__(self) -> LlamaCppServer:
-        return self.start()
-
-    def __exit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-        Path(self._log.name).unlink(missing_ok=True)
+        return self._spawn(cmd, timeout_s, cwd=REPO)
 
 
 if __name__ == "__main__":

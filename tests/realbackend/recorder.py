@@ -3,8 +3,8 @@
 Nothing is replaced: ``/metrics`` and the stall view work as in production
 while the test reads the same observations back:
 
-* ``RecordingSink`` around ``PrometheusSink``: request records, stall records,
-  prefill records;
+* ``RecordingSink`` (``tests.stallkit``) around ``PrometheusSink``: request
+  records, stall records, prefill records, gaps;
 * ``RecordingWatcher``, the extra watcher ``start_proxy`` takes beside its
   stall view: the stamp of every output event per request (first token, then
   the end of every gap), absolute on the monotonic clock, so they compare with
@@ -21,59 +21,8 @@ from prometheus_client import CollectorRegistry
 
 from exporters.prometheus import PrometheusSink
 from proxy.config import ProxyConfig
-from proxy.records import (
-    Backend,
-    PrefillRecord,
-    RequestLabels,
-    RequestRecord,
-    StallCause,
-    StallRecord,
-)
 from proxy.server import RunningProxy, start_proxy
-
-
-class RecordingSink:
-    """A ``Sink`` that keeps every record and forwards to Prometheus."""
-
-    def __init__(self, inner: PrometheusSink) -> None:
-        self.inner = inner
-        self.requests: dict[str, RequestRecord] = {}
-        self.stalls: list[StallRecord] = []
-        self.prefills: dict[str, PrefillRecord] = {}
-        self.gaps: defaultdict[str, list[float]] = defaultdict(list)
-
-    def request_started(self, labels: RequestLabels) -> None:
-        self.inner.request_started(labels)
-
-    def gap(self, labels: RequestLabels, gap_s: float, request_id: str, trace_id: str = "") -> None:
-        self.gaps[request_id].append(gap_s)
-        self.inner.gap(labels, gap_s, request_id, trace_id)
-
-    def request_finished(self, record: RequestRecord) -> None:
-        self.requests[record.request_id] = record
-        self.inner.request_finished(record)
-
-    def decoder_error(self, backend: Backend, kind: str) -> None:
-        self.inner.decoder_error(backend, kind)
-
-    def unobserved(self, backend: Backend, reason: str) -> None:
-        self.inner.unobserved(backend, reason)
-
-    def stall(self, record: StallRecord) -> None:
-        self.stalls.append(record)
-        self.inner.stall(record)
-
-    def prefill_done(self, record: PrefillRecord) -> None:
-        self.prefills[record.request_id] = record
-        self.inner.prefill_done(record)
-
-    def stalls_of(self, request_id: str) -> list[StallRecord]:
-        """Stalls of one stream, in order."""
-        return [s for s in self.stalls if s.request_id == request_id]
-
-    def stalls_caused_by(self, culprit: str) -> list[StallRecord]:
-        """Stalls attributed (cause ``prefill``) to ``culprit``."""
-        return [s for s in self.stalls if s.cause is StallCause.PREFILL and culprit in s.culprits]
+from tests.stallkit import RecordingSink
 
 
 class RecordingWatcher:

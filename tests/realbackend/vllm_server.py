@@ -8,18 +8,13 @@ Hugging Face form, written by that venv's python (it has ``safetensors``).
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import subprocess
-import tempfile
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
-from types import TracebackType
+from typing import Self
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.realbackend.procserver import REPO, ServerProcess
+
 SERVED_NAME = "tiny"
 
 
@@ -40,20 +35,23 @@ def write_hf_model(python: Path) -> Path:
     return Path(out.stdout.strip().splitlines()[-1])
 
 
-class VllmServer:
+class VllmServer(ServerProcess):
     """``with VllmServer(python, model, port) as srv: srv.url`` — a vLLM server process."""
 
+    name = "vLLM"
+    poll_s = 0.25
+    stop_grace_s = 20.0
+    # Its own process group: the API server spawns the engine core; a stuck
+    # shutdown is ended by signalling the group we created, by its id.
+    own_group = True
+    tail_chars = 4000
+
     def __init__(self, python: Path, model: Path, port: int) -> None:
+        super().__init__(port, "vllm-")
         self.python = python
         self.model = model
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self._log = tempfile.NamedTemporaryFile(prefix="vllm-", suffix=".log", delete=False)  # noqa: SIM115
-        self.started_s = 0.0
-        """Seconds from spawning the process to a healthy server."""
 
-    def start(self, timeout_s: float = 240.0) -> VllmServer:
+    def start(self, timeout_s: float = 240.0) -> Self:
         """Spawn the server and wait until ``/health`` answers 200."""
         env = {
             **os.environ,
@@ -70,52 +68,4 @@ class VllmServer:
             "--dtype", "float32", "--enforce-eager", "--max-model-len", "4096",
             "--max-num-seqs", "16", "--disable-uvicorn-access-log",
         ]  # fmt: skip
-        t0 = time.monotonic()
-        # Its own process group: the API server spawns the engine core; a stuck
-        # shutdown is ended by signalling the group we created, by its id.
-        self.proc = subprocess.Popen(
-            cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-        deadline = t0 + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vLLM exited: {self.log_tail()}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        self.started_s = time.monotonic() - t0
-                        return self
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            time.sleep(0.25)
-        self.stop()
-        raise RuntimeError(f"vLLM not healthy after {timeout_s} s: {self.log_tail()}")
-
-    def stop(self) -> None:
-        """SIGTERM the server, then its process group if it lingers; idempotent."""
-        proc = self.proc
-        if proc is not None and proc.poll() is None:
-            os.kill(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        if proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)  # engine-core children left behind
-        self._log.close()
-
-    def log_tail(self, chars: int = 4000) -> str:
-        """The end of the server's log."""
-        self._log.flush()
-        return Path(self._log.name).read_text(errors="replace")[-chars:]
-
-    def __enter__(self) -> VllmServer:
-        return self.start()
-
-    def __exit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-        Path(self._log.name).unlink(missing_ok=True)
+        return self._spawn(cmd, timeout_s, env=env)
