@@ -42,7 +42,7 @@ from proxy.stalls import BackendView
 from proxy.tasks import TaskSet
 from proxy.timing import StreamTimer, StreamWatcher
 from proxy.usage import inject, wants_injection
-from proxy.watchdog import WatchedBody
+from proxy.watchdog import BodyWatchdog
 
 if TYPE_CHECKING:
     from proxy.tracing import Tracing
@@ -328,8 +328,11 @@ async def _forward(
             progress.status = resp.status
             # A body that never ends is cut (outcome timeout) after --max-stream-duration.
             limit = cfg.max_stream_duration_s or None
-            async with asyncio.timeout(limit), asyncio.timeout(None) as silence:
-                up.content = WatchedBody(up.content, silence, cfg.read_timeout_s)  # type: ignore[assignment]
+            async with (
+                asyncio.timeout(limit),
+                asyncio.timeout(None) as silence,
+                BodyWatchdog(up.content, silence, cfg.read_timeout_s),
+            ):
                 if not observe or timer is None or fmt is None:
                     result = await relay_plain(up, resp, judge_status=timer is not None)
                 elif decoding is Decoding.SSE:

@@ -2,51 +2,76 @@
 
 aiohttp's client enforces ``sock_read`` itself, but after some protocol errors
 (bad chunked framing mid-body) it drops that timer and the body just never
-ends. ``WatchedBody`` wraps the response body: every read pushes a deadline
-``2 x --read-timeout`` ahead (rescheduled at most once per read-timeout period,
-so a read costs one comparison), and when nothing arrives by then the relay
-gets ``TimeoutError``: outcome ``timeout``, the client's stream is cut.
+ends. ``BodyWatchdog`` looks at the body once per ``--read-timeout`` from a
+timer of its own, so the hot path pays nothing per read: while bytes keep
+arriving, or while nobody is waiting for them (a slow client: the relay waits
+on the client's socket and aiohttp has paused reading on purpose), it pushes a
+deadline ``2 x --read-timeout`` ahead. When the relay has waited for upstream
+bytes that long, the deadline passes and the relay gets ``TimeoutError``:
+outcome ``timeout``, the client's stream is cut. A silence is cut between 2x
+and 3x the read timeout after the last byte.
 """
 
 from __future__ import annotations
 
 import asyncio
+from types import TracebackType
 
 import aiohttp
 
+_UNKNOWN = object()
 
-class WatchedBody:
-    """Reads through to a response body, keeping a silence deadline alive."""
 
-    __slots__ = ("_inner", "_loop", "_next_s", "_period_s", "_timeout")
+def waiting_for_data(body: aiohttp.StreamReader) -> bool:
+    """Someone is blocked reading ``body`` for bytes that have not arrived.
+
+    aiohttp keeps the pending read's future in ``_waiter`` (not public API; a
+    test pins it). Were it ever gone, every body counts as waited on: the
+    watchdog then cuts a long silence whatever its cause, never misses one.
+    """
+    return getattr(body, "_waiter", _UNKNOWN) is not None
+
+
+class BodyWatchdog:
+    """Keeps a silence deadline (an ``asyncio.Timeout``) alive while a body makes progress.
+
+    An async context manager around the relay, entered inside the timeout it
+    keeps alive: the periodic check starts on entry and stops on exit.
+    """
+
+    __slots__ = ("_body", "_handle", "_loop", "_period_s", "_seen", "_timeout")
 
     def __init__(
-        self, inner: aiohttp.StreamReader, timeout: asyncio.Timeout, period_s: float
+        self, body: aiohttp.StreamReader, timeout: asyncio.Timeout, period_s: float
     ) -> None:
-        self._inner = inner
+        self._body = body
         self._timeout = timeout
         self._period_s = period_s
         self._loop = asyncio.get_running_loop()
-        self._next_s = 0.0
-        self._fed()
+        self._seen = -1
+        self._handle: asyncio.TimerHandle | None = None
 
-    def _fed(self) -> None:
+    async def __aenter__(self) -> BodyWatchdog:
+        self._check()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _check(self) -> None:
+        if self._timeout.expired():
+            return  # it fired: the relay is being cancelled
+        body = self._body
+        total = body.total_bytes
         now = self._loop.time()
-        if now >= self._next_s:
-            self._next_s = now + self._period_s
+        if total != self._seen or not waiting_for_data(body):
+            self._seen = total
             self._timeout.reschedule(now + 2 * self._period_s)
-
-    async def readany(self) -> bytes:
-        """As ``StreamReader.readany``."""
-        data = await self._inner.readany()
-        self._fed()
-        return data
-
-    async def read(self, n: int = -1) -> bytes:
-        """As ``StreamReader.read``."""
-        data = await self._inner.read(n)
-        self._fed()
-        return data
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._inner, name)
+        self._handle = self._loop.call_at(now + self._period_s, self._check)

@@ -419,6 +419,27 @@ async def test_slow_client_backpressure_keeps_memory_bounded(upstream, proxy_fac
     assert ahead < 24 * 1024 * 1024, f"upstream ran {ahead} bytes ahead of a stalled client"
 
 
+async def test_a_client_pausing_longer_than_the_read_timeout_is_not_cut(upstream, proxy_factory):
+    """--read-timeout is about the upstream's silence: a client that stops reading for a
+    while (the proxy waits on its socket, not on the upstream) still gets every byte."""
+    piece = b"y" * 65536
+
+    async def big(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        await resp.prepare(request)
+        for _ in range(256):  # 16 MiB: far more than the sockets between them hold
+            await resp.write(piece)
+        return resp
+
+    upstream.handler = big
+    p = await proxy_factory(upstream.url, read_timeout_s=0.2)
+    async with aiohttp.ClientSession() as s, s.get(p.url + "/big", read_bufsize=65536) as r:
+        got = await r.content.read(65536)
+        await asyncio.sleep(1.0)  # 5x the read timeout
+        rest = await r.read()
+    assert len(got) + len(rest) == 256 * 65536
+
+
 async def test_metrics_and_health_endpoints(upstream, proxy_factory):
     p = await proxy_factory(upstream.url)
     async with aiohttp.ClientSession() as s:
