@@ -4,7 +4,10 @@ Starts the simulator (seed profile) and the proxy in front of it on free local
 ports, drives load through the proxy, and prints what the proxy measured next
 to the seed's figures and the cost model's prediction:
 1. Forty streams decoding, one 4,000-token prompt arrives: unchunked, then
-   chunked at 512 (the seed's second table).
+   chunked at 512 (the seed's second table). Next to the model it sets what the
+   simulated engine itself recorded (its ground truth, on the proxy's clock) and
+   how long the processes waited for a CPU meanwhile: model vs engine is the
+   simulator keeping to its cost model, engine vs proxy is delivery.
 2. One 480-token answer alone (the seed's first table).
 ``--json`` prints the results machine-readably; ``--serve`` keeps a simulator
 and proxy running afterwards for Prometheus to scrape (and ``/timeline`` to
@@ -20,7 +23,7 @@ import json
 import socket
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +32,7 @@ from prometheus_client import CollectorRegistry
 
 from exporters.prometheus import PrometheusSink
 from proxy.config import HostPort, ProxyConfig
+from proxy.demo_report import render
 from proxy.pictures import pictures_report, replay_snapshot, write_run_pictures
 from proxy.records import Backend, PrefillRecord, RequestRecord, StallCause, StallRecord
 from proxy.scenarios import SingleMeasurement, StutterMeasurement, run_single, run_stutter
@@ -41,7 +45,9 @@ from simulator.cost import (
     predict_single,
     prompt_tokens_for_ttft,
 )
+from simulator.observe import ObservedStutter, observe_stutter
 from simulator.profile import load_profile
+from simulator.records import records_from_jsonl
 
 SEED_STUTTER = {
     "unchunked": {"worst_gap_s": 0.143, "token_rate_per_s": 0.0, "ttft_s": 0.143},
@@ -168,8 +174,9 @@ def _pictures(
         snapshot,
         out / f"timeline-{label}",
         title=f"{name}: {STREAMS} streams decoding, one {LONG_PROMPT:,}-token prompt arrives",
-        subtitle=f"measured by the proxy: worst gap in an existing stream "
-        f"{_ms(m.worst_gap_s)}, the new request's first token after {_ms(m.ttft_s)}",
+        subtitle="measured by the proxy: worst gap in an existing stream "
+        f"{m.worst_gap_s * 1000:,.0f} ms, the new request's first token after "
+        f"{m.ttft_s * 1000:,.0f} ms",
         zero_id=m.long_request_id,
         x_label=f"seconds since the {LONG_PROMPT:,}-token prompt was forwarded",
     )
@@ -186,11 +193,12 @@ async def _stutter(
             label=label,
             streams=STREAMS,
             prompt_tokens=LONG_PROMPT,
+            backend_pid=stack.sim.pid,
             progress=show,
         )
         rec = stack.sink.records[m.long_request_id]
-        ttft = rec.ttft_s if rec.ttft_s is not None else float("nan")
-        m = StutterMeasurement(**{**asdict(m), "ttft_s": ttft})
+        m = replace(m, ttft_s=rec.ttft_s if rec.ttft_s is not None else float("nan"))
+        engine = await _engine_view(stack.sim_url, m.long_request_id)
         # The run is over: let the stall view settle everything still pending.
         if stack.proxy.stalls is not None:
             stack.proxy.stalls.flush(time.monotonic_ns() + 10_000_000_000)
@@ -212,12 +220,26 @@ async def _stutter(
     return {
         "label": label,
         "chunk_size": chunk,
+        "streams": STREAMS,
+        "prompt_tokens": LONG_PROMPT,
         "measured": asdict(m),
         "model": _model_view(pred),
+        "engine": asdict(engine),
         "seed": SEED_STUTTER[label],
         "detected": detected,
         "pictures": pictures,
     }
+
+
+async def _engine_view(sim_url: str, long_id: str) -> ObservedStutter:
+    """What the simulated engine recorded around the long prompt (its ground truth)."""
+    text = ""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        for kind in ("step", "prefill"):
+            async with session.get(sim_url + "/sim/ground_truth", params={"type": kind}) as r:
+                r.raise_for_status()
+                text += await r.text()
+    return observe_stutter(records_from_jsonl(text), long_id)
 
 
 def _detected(sink: _RecordingSink, m: StutterMeasurement) -> dict[str, Any]:
@@ -253,37 +275,16 @@ def _prompt_tokens(sink: _RecordingSink, p: PrefillRecord) -> int | None:
     return p.prompt_tokens_hint
 
 
-def _detected_line(r: dict[str, Any]) -> str:
-    d = r["detected"]
-    name = "unchunked" if r["chunk_size"] is None else f"chunked at {r['chunk_size']}"
-    if not d["culprits"] and not sum(d["stalls_by_cause"].values()):
-        steady = r["measured"]["steady_gap_s"]
-        return (
-            f"  {name}: no stall (worst gap {_ms(r['measured']['worst_gap_s'])} stays "
-            f"under 3 x the {_ms(steady)} baseline)"
-        )
-    parts = []
-    for c in d["culprits"]:
-        n = c["prompt_tokens"]
-        tokens = f" ({n:,} prompt tokens)" if n else ""
-        parts.append(
-            f"  {name}: culprit {c['request_id']}{tokens} stalled {c['stalled_streams']} "
-            f"streams, {c['stalls']} stalls of ~{_ms(d['median_stall_s'] or 0)}, "
-            f"stutter cost {c['stutter_cost_s']:.1f} user-seconds"
-        )
-    un = d["stalls_by_cause"]["unattributed"]
-    if un:
-        parts.append(f"  {name}: {un} unattributed stalls")
-    return "\n".join(parts)
-
-
 def _model_view(p: StutterPrediction) -> dict[str, float]:
-    # The long request reaches the engine at a random point of a running step
-    # and waits for it to end: on average half a steady step.
+    # The long request reaches the engine at some point of a running step and
+    # waits for it to end: from nothing to a whole steady step, half on average.
     return {
         "worst_gap_s": p.worst_gap_s,
         "token_rate_per_s": p.token_rate_during_prefill_per_s,
         "ttft_s": p.ttft_s + p.steady_gap_s / 2,
+        "ttft_min_s": p.ttft_s,
+        "ttft_max_s": p.ttft_s + p.steady_gap_s,
+        "prefill_window_s": p.prefill_window_s,
         "steady_gap_s": p.steady_gap_s,
     }
 
@@ -313,85 +314,6 @@ async def _single(show: Any) -> dict[str, Any]:
         "seed": SEED_SINGLE,
         "model": {"ttft_s": pred.ttft_s, "tpot_s": pred.tpot_s, "e2e_s": pred.e2e_s},
     }
-
-
-def _ms(s: float) -> str:
-    return f"{s * 1000:,.0f} ms"
-
-
-def _rate(r: float) -> str:
-    return f"{r:.0f}/s"
-
-
-def render(results: dict[str, Any]) -> str:
-    """The human-readable report."""
-    lines: list[str] = []
-    u, c = results["unchunked"], results["chunked"]
-    lines.append(
-        f"Forty streams decoding, one {LONG_PROMPT:,}-token prompt arrives "
-        "(measured by the proxy; seed / cost model / measured)"
-    )
-    head = f"{'':34}{'unchunked':^30}{'chunked at 512':^30}"
-    lines.append(head)
-    lines.append(f"{'':34}" + f"{'seed':>9}{'model':>10}{'measured':>11}" * 2)
-    rows = [
-        ("worst gap in an existing stream", "worst_gap_s", _ms),
-        ("token rate during the prefill", "token_rate_per_s", _rate),
-        ("new request's first token", "ttft_s", _ms),
-    ]
-    for title, key, fmt in rows:
-        cells = ""
-        for r in (u, c):
-            cells += (
-                f"{fmt(r['seed'][key]):>9}{fmt(r['model'][key]):>10}{fmt(r['measured'][key]):>11}"
-            )
-        lines.append(f"{title:34}{cells}")
-    ratio = u["measured"]["worst_gap_s"] / c["measured"]["worst_gap_s"]
-    lines.append(
-        f"stall cut {ratio:.1f}x by chunking (seed: 3.3x); the new request waits "
-        f"{c['measured']['ttft_s'] / u['measured']['ttft_s']:.1f}x longer (seed: 2.4x)"
-    )
-    lines.append(
-        "Why model and seed differ: the seed counts the prefill alone (143 ms) and zero tokens "
-        "meanwhile; in the model the step that carries the prefill also decodes the 40 streams "
-        f"(+{_ms(u['model']['steady_gap_s'])}, one token each), and the new request first waits "
-        "for the running step to end (half a step on average)."
-    )
-    lines.append("Detected by the proxy (stall = gap > max(3 x baseline, 50 ms)):")
-    lines.append(_detected_line(u))
-    lines.append(_detected_line(c))
-    s = results["single"]
-    m = s["measured"]
-    decode_s = m["e2e_s"] - m["ttft_s"]
-    lines.append("")
-    lines.append(
-        f"One {m['output_tokens']}-token answer alone ({s['prompt_tokens']:,}-token prompt; "
-        "seed / measured)"
-    )
-    lines.append(
-        f"  time to first token              {_ms(s['seed']['ttft_s']):>10} {_ms(m['ttft_s']):>10}"
-    )
-    n_more = m["output_tokens"] - 1
-    lines.append(
-        f"  {n_more} further tokens at {m['tpot_s'] * 1000:.1f} ms    "
-        f"{_ms(479 * 0.022):>10} {_ms(decode_s):>10}"
-    )
-    lines.append(
-        f"  end to end                       {s['seed']['e2e_s']:>8.1f} s {m['e2e_s']:>8.1f} s"
-    )
-    share = decode_s / m["e2e_s"]
-    half = m["ttft_s"] / 2
-    shave = 0.002 * n_more
-    lines.append(f"  decode is {share:.1%} of the total (seed: 97.1%)")
-    lines.append(
-        f"  halving time to first token saves {_ms(half)} = {half / m['e2e_s']:.1%} "
-        "(seed: 160 ms, 1.5%)"
-    )
-    lines.append(
-        f"  shaving 2 ms off per-token time saves {_ms(shave)} = "
-        f"{shave / m['e2e_s']:.1%} (seed: 958 ms, 8.8%)"
-    )
-    return "\n".join(lines)
 
 
 async def _main(args: argparse.Namespace) -> int:

@@ -5,25 +5,92 @@ the proxy's token timelines: the worst gap an existing stream saw while the
 long prompt was prefilled, the existing streams' token rate meanwhile, the
 long request's TTFT. Single: one request alone, the seed's first table.
 
-The ``n`` streams are read by a child process (``python -m proxy.scenarios``),
-so the proxy's process does only what a proxy does and its stamps are not
-delayed by the load generator's own work.
+The ``n`` streams are read by a child process (``python -m proxy.scenarios``,
+at a lower priority), so the proxy's process does only what a proxy does and
+its stamps are not delayed by the load generator's own work.
+
+A stamp is late by however long its process waited for a CPU, so the stutter
+run also reports how long the proxy, the backend and the stream reader were
+runnable but not running while the long prompt was served (Linux schedstat).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import statistics
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import aiohttp
 
 from proxy.tokenlog import TokenLog
 
 Progress = Callable[[str], None]
+
+_CLIENT_NICE = 10
+
+
+@dataclass(frozen=True, slots=True)
+class CpuWait:
+    """How long the processes of a run waited for a CPU while the long prompt was served.
+
+    Time runnable but not running, summed over a process's threads; None where
+    the kernel does not tell (no ``/proc/PID/task/*/schedstat``). Every stamp
+    the proxy takes, and every token the backend writes, can be late by up to
+    its process's wait. Other jobs on the machine make it grow; so do the run's
+    own processes when they all wake for a step's tokens on a 2-core machine.
+    """
+
+    interval_s: float
+    """The interval measured: from sending the long prompt to the end of its answer."""
+    proxy_s: float | None
+    """The proxy's process (the caller's; it also sends the long prompt)."""
+    backend_s: float | None
+    """The backend's process, when its pid was given."""
+    client_s: float | None
+    """The child process reading the existing streams."""
+
+
+def run_queue_wait_ns(pid: int) -> int | None:
+    """Nanoseconds the threads of ``pid`` have spent runnable, waiting for a CPU; None: unknown."""
+    total, seen = 0, False
+    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        try:
+            total += int(stat.read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that just ended
+        seen = True
+    return total if seen else None
+
+
+class _WaitMeter:
+    """Run-queue waits of the proxy, backend and client between :meth:`start` and :meth:`stop`."""
+
+    def __init__(self, proxy: int, backend: int | None, client: int) -> None:
+        self._pids = (proxy, backend, client)
+        self._t0_ns = 0
+        self._w0: tuple[int | None, ...] = ()
+
+    def _waits(self) -> tuple[int | None, ...]:
+        return tuple(None if p is None else run_queue_wait_ns(p) for p in self._pids)
+
+    def start(self) -> None:
+        self._t0_ns = time.monotonic_ns()
+        self._w0 = self._waits()
+
+    def stop(self) -> CpuWait:
+        interval_s = (time.monotonic_ns() - self._t0_ns) / 1e9
+        proxy, backend, client = (
+            None if a is None or b is None else (b - a) / 1e9
+            for a, b in zip(self._w0, self._waits(), strict=True)
+        )
+        return CpuWait(interval_s, proxy, backend, client)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +113,8 @@ class StutterMeasurement:
     """The long request's time to first token, as the proxy recorded it."""
     window_s: float
     """The long request's prefill window at the proxy: forwarded to first token."""
+    cpu_wait: CpuWait
+    """How long the processes waited for a CPU while the long prompt was served."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,9 +189,14 @@ async def run_stutter(
     label: str,
     streams: int = 40,
     prompt_tokens: int = 4000,
+    backend_pid: int | None = None,
     progress: Progress = lambda _: None,
 ) -> StutterMeasurement:
-    """Start ``streams`` streams, let them settle, send the long prompt, measure."""
+    """Start ``streams`` streams, let them settle, send the long prompt, measure.
+
+    The CPU wait counted as the proxy's is this process's (the proxy runs here
+    in the demo); ``backend_pid`` names the backend's process for the same account.
+    """
     ids = [f"{label}-stream-{i:02d}" for i in range(streams)]
     long_id = f"{label}-long-prompt"
     # Enough output that every stream is still decoding well after the long
@@ -139,8 +213,11 @@ async def run_stutter(
         await _wait(lambda: all(tokens(rid) >= 12 for rid in ids), 60,
                     f"{streams} streams to be decoding")  # fmt: skip
         progress(f"{label}: {streams} streams decoding; sending a {prompt_tokens:,}-token prompt")
+        meter = _WaitMeter(os.getpid(), backend_pid, child.pid)
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+            meter.start()
             await _stream(session, proxy_url, chat_body(prompt_tokens, 4), long_id)
+            cpu_wait = meter.stop()
         progress(f"{label}: long prompt answered; finishing the streams")
         if await child.wait() != 0:
             raise RuntimeError(f"{label}: the stream client failed")
@@ -176,6 +253,7 @@ async def run_stutter(
         token_rate_per_s=statistics.median(rates),
         ttft_s=0.0,  # filled from the proxy's request record by the caller
         window_s=(t1 - tf) / 1e9,
+        cpu_wait=cpu_wait,
     )
 
 
@@ -205,6 +283,11 @@ async def run_single(
 
 
 def _child_main(spec_json: str) -> int:
+    # The reader stands in for the users and its own latency is not measured.
+    # Less favoured, it does not hold up the proxy, whose stamps are, when both
+    # wake for the same step's tokens on a small machine.
+    with contextlib.suppress(OSError):
+        os.nice(_CLIENT_NICE)
     spec = json.loads(spec_json)
     asyncio.run(_streams(spec["url"], spec["ids"], spec["body"]))
     return 0

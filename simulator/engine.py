@@ -27,10 +27,12 @@ from simulator.tokens import PrefixCache
 
 _log = logging.getLogger(__name__)
 
-# Overshoot of the event loop's timers (about a millisecond) is made up by the
-# next step; a longer hiccup (GC pause, busy machine) restarts the timeline, so a
-# step is never cut short by more than this.
-_MAX_CATCH_UP_NS = 5_000_000
+MAX_CATCH_UP_NS = 5_000_000
+"""Most a step is shortened to make up for the lateness of the one before it (ns).
+
+Overshoot of the event loop's timers (about a millisecond) is made up by the
+next step; a longer hiccup (GC pause, busy machine) restarts the timeline.
+"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,7 +215,7 @@ class Engine:
                 start_ns = self._clock_ns()
                 duration_ns = round(plan.duration_s * 1e9)
                 ideal_start_ns = start_ns
-                if ideal_end_ns is not None and start_ns - ideal_end_ns <= _MAX_CATCH_UP_NS:
+                if ideal_end_ns is not None and start_ns - ideal_end_ns <= MAX_CATCH_UP_NS:
                     ideal_start_ns = ideal_end_ns
                 target_ns = ideal_start_ns + duration_ns
                 # Always yield once, so handlers write even when the engine runs late.

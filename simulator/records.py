@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import json
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO, Literal
+from typing import IO, Any, Literal
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +121,34 @@ def record_to_dict(record: Record) -> dict[str, object]:
 def record_to_json(record: Record) -> str:
     """One compact JSON line (no newline) for a record."""
     return json.dumps(record_to_dict(record), separators=(",", ":"))
+
+
+_RECORD_TYPES: dict[str, type[Record]] = {
+    "step": StepRecord,
+    "token": TokenRecord,
+    "prefill": PrefillRecord,
+    "finish": FinishRecord,
+}
+
+
+def record_from_dict(data: Mapping[str, Any]) -> Record:
+    """The record whose :func:`record_to_dict` form ``data`` is; ValueError if it is none."""
+    kind = data.get("type")
+    cls = _RECORD_TYPES.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise ValueError(f"record: unknown type {kind!r}")
+    fields: dict[str, Any] = {
+        k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k != "type"
+    }
+    try:
+        return cls(**fields)
+    except TypeError as exc:
+        raise ValueError(f"{kind} record: {exc}") from exc
+
+
+def records_from_jsonl(text: str) -> list[Record]:
+    """Parse what ``GET /sim/ground_truth`` (or a ``--ground-truth`` file) holds."""
+    return [record_from_dict(json.loads(line)) for line in text.splitlines() if line.strip()]
 
 
 class GroundTruth:
