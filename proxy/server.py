@@ -29,6 +29,7 @@ from exporters.prometheus import PrometheusSink
 from proxy.admin import create_admin_app
 from proxy.app import STATE, ProxyState, create_app
 from proxy.config import ConfigError, HostPort, ProxyConfig
+from proxy.heap import HeapTrimmer
 from proxy.records import Backend, Sink
 from proxy.stall_detector import StallSettings
 from proxy.stalls import BackendView
@@ -276,6 +277,10 @@ async def serve_forever(config: ProxyConfig) -> int:
     )
     if proxy.timeline is not None:
         log.info("token timeline on %s/timeline", proxy.admin_url)
+    # Process-wide housekeeping, so here and not in start_proxy (which tests and
+    # the demo run several times in one process): see proxy.heap.
+    if config.heap_trim:
+        _ = proxy.state.tasks.spawn(HeapTrimmer().run(), name="tokenstamp-heap-trim")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -2,10 +2,17 @@
 
 The proxy runs as ``tokenstamp serve`` (``python -m proxy.cli serve``); its RSS
 is read from /proc/<pid>/status every second. After a warm-up (the first half
-of the run: the allocator settles over the first few ten thousand requests,
-while tracemalloc shows no growth of Python objects) RSS may not grow by more
-than 5%; when the load stops, the proxy's open sockets (/proc/<pid>/fd) return
-to what they were at idle.
+of the run) RSS may not grow by more than 3%; when the load stops, the proxy's
+open sockets (/proc/<pid>/fd) return to what they were at idle.
+
+What the bar sees: the proxy keeps nothing per request, so RSS is live memory
+plus the C heap's free pages. asyncio reads each socket into a 256 KiB buffer
+that glibc carves from the heap; the heap fragments and, untrimmed, RSS climbs
+in steps (48 -> 60 MiB over 5 minutes here, malloc's in-use bytes and Python's
+objects flat). ``proxy.heap`` hands the free pages back every second, which
+keeps RSS within about 1% of its level after warm-up. 3% of ~51 MiB over the
+10-20k requests between the two windows compared catches a retention of about
+100 bytes a request; the figures line prints the growth per request too.
 
 CI runs 60 s. For longer (the per-test timeout must go too)::
 
@@ -27,6 +34,7 @@ from tests.reliability.procs import fd_census, parse_metrics, rss_bytes, total
 
 SOAK_S = env_seconds("TOKENSTAMP_SOAK_S", 60.0)
 WORKERS = 48
+MAX_GROWTH = 0.03
 
 
 async def test_soak_rss_flat_and_sockets_return_to_baseline(load_backend, proxy_process, figures):
@@ -34,7 +42,7 @@ async def test_soak_rss_flat_and_sockets_return_to_baseline(load_backend, proxy_
     await asyncio.sleep(0.5)
     idle_fds, idle_sockets = fd_census(p.pid)
     deadline = time.monotonic() + SOAK_S
-    rss: list[tuple[float, int]] = []
+    rss: list[tuple[float, int, int]] = []  # (seconds in, RSS bytes, requests done)
     done = [0]
     altered: list[int] = []
     failed: list[str] = []
@@ -60,7 +68,7 @@ async def test_soak_rss_flat_and_sockets_return_to_baseline(load_backend, proxy_
         async def sample() -> None:
             start = time.monotonic()
             while time.monotonic() < deadline:
-                rss.append((time.monotonic() - start, rss_bytes(p.pid)))
+                rss.append((time.monotonic() - start, rss_bytes(p.pid), done[0]))
                 await asyncio.sleep(1.0)
 
         await asyncio.gather(sample(), *(worker() for _ in range(WORKERS)))
@@ -75,20 +83,25 @@ async def test_soak_rss_flat_and_sockets_return_to_baseline(load_backend, proxy_
             break
         await asyncio.sleep(0.1)
 
-    after_warmup = [v for t, v in rss if SOAK_S * 0.5 <= t < SOAK_S * 0.6]
-    final = [v for t, v in rss if t >= SOAK_S * 0.9]
-    base = statistics.median(after_warmup)
-    growth = (statistics.median(final) - base) / base
+    after_warmup = [(v, n) for t, v, n in rss if SOAK_S * 0.5 <= t < SOAK_S * 0.6]
+    final = [(v, n) for t, v, n in rss if t >= SOAK_S * 0.9]
+    base = statistics.median(v for v, _ in after_warmup)
+    grown = statistics.median(v for v, _ in final) - base
+    growth = grown / base
+    requests = statistics.median(n for _, n in final) - statistics.median(
+        n for _, n in after_warmup
+    )
     figures.load_streams += done[0] - len(failed)
     figures.bytes_altered += len(altered)
     figures.measures[f"soak {SOAK_S:.0f} s: streams / RSS growth after warm-up"] = (
-        f"{done[0]} / {growth:+.1%} ({base / 2**20:.0f} MiB)"
+        f"{done[0]} / {growth:+.1%} ({base / 2**20:.0f} MiB; "
+        f"{grown / max(requests, 1):+.0f} B a request)"
     )
     figures.measures["soak: proxy sockets idle / after load"] = f"{idle_sockets} / {sockets_after}"
     assert failed == []
     assert altered == []
     assert total(m, "tokenstamp_requests_total") == done[0]
-    assert growth < 0.05, f"RSS grew {growth:.1%} after warm-up: {rss}"
+    assert growth < MAX_GROWTH, f"RSS grew {growth:.1%} after warm-up: {rss}"
     assert sockets_after is not None
     assert sockets_after <= idle_sockets
     assert fd_census(p.pid)[0] <= idle_fds
