@@ -109,15 +109,30 @@ async def test_unchunked_prefill_stalls_every_stream_once(
         f"long prompt: {run.long_prompt_tokens} tokens, prefill window {window.window_s:.3f} s, "
         f"stalled {window.stalled_streams} streams, stutter cost {window.stutter_cost_s:.2f} s"
     )
+    # A process that waited for a CPU stamps late by as long: a busy machine's slack.
+    slack_ns = 0 if run.contention.quiet else round(LOOSE_TOLERANCE_S * 1e9)
+    ms = 1e6
     for cap in run.streams:
         mine = [s for s in proxy.sink.stalls_of(cap.request_id) if long_id in s.culprits]
         assert len(mine) == 1, f"{cap.request_id}: {proxy.sink.stalls_of(cap.request_id)}"
         stall = mine[0]
+        print(
+            f"  {cap.request_id}: frozen from {(stall.start_ns - window.forwarded_ns) / ms:+.1f} ms"
+            f" after the prompt was forwarded (baseline {stall.baseline_ns / ms:.1f} ms) to "
+            f"{(stall.end_ns - window.first_token_ns) / ms:+.1f} ms from its first token"
+        )
         assert stall.cause is StallCause.PREFILL
-        assert stall.culprits == (long_id,)
-        # Unchunked: the freeze is the whole prefill; it ends with the culprit's first token.
-        assert stall.start_ns <= window.forwarded_ns + stall.baseline_ns * 2
-        assert abs(stall.end_ns - window.first_token_ns) <= 10_000_000
+        assert stall.culprits == (long_id,), stall
+        # Unchunked: the freeze is the whole prefill. It starts with the stream's token
+        # of the step running when the prompt arrived (or of the next one, if llama.cpp
+        # took the request in after that step began): within two steps...
+        assert stall.start_ns <= window.forwarded_ns + stall.baseline_ns * 2 + slack_ns, stall
+        # ...and ends with the culprit's first token: one step carries both. llama.cpp
+        # sends a step's tokens slot by slot, the streams' up to ~9 ms before or after
+        # the first token (measured), while the next step's would come a whole step
+        # later: "the same step" is within half a step.
+        same_step_ns = stall.baseline_ns // 2
+        assert abs(stall.end_ns - window.first_token_ns) <= same_step_ns + slack_ns, stall
     assert window.stalled_streams == STREAMS
     assert window.stalls == STREAMS
     assert any(
@@ -157,9 +172,10 @@ async def test_chunked_prefill_stalls_every_stream_several_times(
         durations = [round(s.duration_s, 3) for s in mine]
         assert len(mine) >= 2, f"{cap.request_id}: {proxy.sink.stalls_of(cap.request_id)}"
         for stall in mine:
-            # Every piece's stall lies inside the long request's prefill window.
-            assert stall.start_ns >= window.forwarded_ns - stall.baseline_ns * 2
-            assert stall.end_ns <= window.first_token_ns + 10_000_000
+            # Every piece's stall lies inside the long request's prefill window (the
+            # last one ends in the step of its first token: within half a step of it).
+            assert stall.start_ns >= window.forwarded_ns - stall.baseline_ns * 2, stall
+            assert stall.end_ns <= window.first_token_ns + stall.baseline_ns // 2, stall
         print(f"  {cap.request_id}: stalls {durations} s")
     assert window.stalled_streams == STREAMS
     assert window.stalls >= 2 * STREAMS
