@@ -41,6 +41,7 @@ pytestmark = [pytest.mark.realbackend, pytest.mark.vllm, pytest.mark.timeout(600
 TTFT_SLACK_S = 0.025  # median excess over vLLM's TTFT (measured 4-16 ms on 2 shared cores)
 LOOSE_TTFT_SLACK_S = 0.25  # ...when the machine is oversubscribed (vLLM's frontend waits)
 PROXY_FORWARD_NS = 5_000_000  # arrival to forwarded, inside the proxy
+FIRST_FORWARD_NS = 10_000_000  # ...for the proxy's first observed request (a cold path)
 JITTER_S = 0.010  # how far vLLM's frontend may move a token on the wire (2 shared cores)
 SLACK_SHARE = 0.03
 MERGED_SHARE = 0.05
@@ -85,7 +86,13 @@ async def test_metrics_agree_with_vllm(
     v0 = await scrape(vllm.url + "/metrics")
     t0 = time.monotonic()
 
-    # 1. One at a time through the proxy: each request's TTFT on both sides.
+    # 1. One at a time through the proxy: each request's TTFT on both sides. First one
+    # request vLLM does not count, so that the proxy holds a pooled connection: a first
+    # request's "forwarded" also holds vLLM's accept of a new connection (5-6 ms with
+    # its API server busy), which is not the proxy's part.
+    async with session() as http, http.get(proxy.url + "/v1/models") as warm:
+        assert warm.status == 200, await warm.text()
+        await warm.read()
     ttft_rows = []
     before = v0
     assert vllm.proc is not None
@@ -189,7 +196,10 @@ async def test_metrics_agree_with_vllm(
         # The proxy's own part of the excess: arrival to forwarded.
         rec = proxy.sink.requests[rid]
         assert rec.forwarded_ns is not None
-        assert rec.forwarded_ns - rec.arrival_ns <= PROXY_FORWARD_NS, rec
+        # The first observed request runs the handler's code paths for the first time
+        # (3.8-6.3 ms seen with vLLM busy on the other core; later ones 0.2-1.4 ms).
+        bound = PROXY_FORWARD_NS if rid != ttft_rows[0][0] else FIRST_FORWARD_NS
+        assert rec.forwarded_ns - rec.arrival_ns <= bound, rec
     assert statistics.median(excess) <= slack, excess
     # Merged events: fewer gaps on the wire than tokens generated, never more.
     assert n_theirs * (1 - MERGED_SHARE) <= n_ours <= n_theirs
