@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -31,11 +32,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
 from exporters import names
-from proxy.config import HostPort, ProxyConfig
+from proxy.config import ProxyConfig
 from proxy.server import RunningProxy, start_proxy
-from simulator.engine import EngineConfig
-from simulator.profile import BUILTIN_PROFILES
-from simulator.server import create_app
+from tests.stallkit import simulator_proxy_config, start_simulator
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 BY_NAME = {inst.name: inst for inst in names.ALL}
@@ -160,20 +159,11 @@ async def drive(proxy: RunningProxy) -> str:
 
 @pytest.fixture
 async def simulator_url(aiohttp_server) -> str:
-    sim = await aiohttp_server(create_app(EngineConfig(BUILTIN_PROFILES["seed"])))
-    return str(sim.make_url("")).rstrip("/")
+    return await start_simulator(aiohttp_server, "seed")
 
 
 def config(upstream: str, **overrides: Any) -> ProxyConfig:
-    return ProxyConfig(
-        upstream=upstream,
-        listen=HostPort("127.0.0.1", 0),
-        admin=HostPort("127.0.0.1", 0),
-        backend_name="sim",
-        provider="vllm",
-        slo_ttft_s=0.5,
-        **overrides,
-    )
+    return replace(simulator_proxy_config(upstream), slo_ttft_s=0.5, **overrides)
 
 
 @pytest.mark.timeout(60)
