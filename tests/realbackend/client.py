@@ -42,7 +42,11 @@ class Capture:
     reads: list[tuple[int, int]] = field(default_factory=list)
     """``(stamp_ns, bytes)`` per read."""
     output_ns: list[int] = field(default_factory=list)
-    """Stamp of each output event (non-empty content or text)."""
+    """Stamp of each output event (non-empty content or text): when its last bytes
+    arrived at the client's socket (kernel stamp, ``rawclient``), else when read."""
+    seen_ns: list[int] = field(default_factory=list)
+    """When the client's code got each output event (its read returned); ``rawclient``
+    only. At or after ``output_ns``: the difference is the client's own wake-up."""
     output_text: list[str] = field(default_factory=list)
     """The text of each output event."""
     events: list[bytes] = field(default_factory=list)
@@ -72,6 +76,7 @@ class Capture:
         cap.body = bytearray(data["body"].encode())
         cap.reads = [(a, b) for a, b in data["reads"]]
         cap.output_ns, cap.output_text = data["output_ns"], data["output_text"]
+        cap.seen_ns = data.get("seen_ns", [])
         cap.error, cap.end_ns = data["error"], data["end_ns"]
         return cap
 

@@ -1,13 +1,17 @@
-"""A measuring HTTP client: stamps each read in ``data_received``, parses afterwards.
+"""A measuring HTTP client: the kernel stamps each read, parsing waits until the end.
 
 aiohttp stamps a read only when the task awaiting it resumes; a client with
 nine streams whose tokens land together then stamps the ninth after the eight
-before it were parsed, and blames the proxy for its own work. Here the
-protocol callback takes the stamp (``time.monotonic_ns``) and keeps the bytes;
-nothing else happens until the connection closes (the request says
-``Connection: close``). Then HTTP framing, SSE events and output events are
-recovered, each event stamped with the read that completed it (``parse``,
-called once every stream of a run has ended, so no parsing delays a stamp).
+before it were parsed, and blames the proxy for its own work. Even a stamp
+taken in the read callback holds the client's own wake-up: on a shared
+machine, a millisecond now and then that says nothing about the proxy. So the
+socket asks the kernel for its receive time (``SO_TIMESTAMPNS``): each read is
+stamped when its bytes arrived at the client's socket, converted to the
+monotonic clock the proxy stamps with. The callback keeps the bytes; nothing
+else happens until the connection closes (the request says ``Connection:
+close``). Then HTTP framing, SSE events and output events are recovered, each
+event stamped with the read that completed it (``parse``, called once every
+stream of a run has ended, so no parsing delays a stamp).
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from __future__ import annotations
 import asyncio
 import bisect
 import json
+import socket
+import struct
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -25,27 +31,49 @@ from tests.realbackend.client import Capture, output_text
 ACCEPT_WAIT_S = 0.02
 
 
-class _Reads(asyncio.Protocol):
+# Linux: the socket option and its control message share the number.
+_SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
+_TIMESPEC = struct.Struct("qq")
+
+
+class _Reads:
+    """Reads a socket until the peer closes it, each read with the kernel's receive stamp."""
+
     def __init__(
-        self, closed: asyncio.Future[None], progress: dict[str, int], request_id: str
-    ) -> None:
+        self, sock: socket.socket, closed: asyncio.Future[None], progress: dict[str, int],
+        request_id: str,
+    ) -> None:  # fmt: skip
+        self.sock = sock
         self.reads: list[tuple[int, bytes]] = []
+        self.seen: list[int] = []  # per read: when recvmsg returned (the client's own clock)
         self.closed = closed
         self.progress = progress
         self.request_id = request_id
-        self.transport: asyncio.Transport | None = None
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        self.reads.append((time.monotonic_ns(), data))
-        self.progress[self.request_id] = len(self.reads)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.closed.done():
-            self.closed.set_result(None)
+    def readable(self) -> None:
+        sock = self.sock
+        while True:
+            try:
+                data, ancillary, _flags, _addr = sock.recvmsg(1 << 18, socket.CMSG_SPACE(16))
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                data, ancillary = b"", []
+            mono_ns, real_ns = time.monotonic_ns(), time.time_ns()
+            if not data:
+                asyncio.get_running_loop().remove_reader(sock.fileno())
+                if not self.closed.done():
+                    self.closed.set_result(None)
+                return
+            stamp_ns = mono_ns
+            for level, kind, payload in ancillary:
+                if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS:
+                    sec, nsec = _TIMESPEC.unpack(payload[: _TIMESPEC.size])
+                    # Arrival on the realtime clock -> the same instant on the monotonic one.
+                    stamp_ns = mono_ns - (real_ns - (sec * 1_000_000_000 + nsec))
+            self.reads.append((stamp_ns, data))
+            self.seen.append(mono_ns)
+            self.progress[self.request_id] = len(self.reads)
 
 
 @dataclass
@@ -55,11 +83,13 @@ class RawExchange:
     capture: Capture
     """Request id and send stamps so far."""
     reads: list[tuple[int, bytes]]
-    """``(stamp_ns, bytes)`` per read."""
+    """``(stamp_ns, bytes)`` per read: the kernel's receive stamp."""
+    seen: list[int]
+    """Per read: when the client's code got it."""
 
     def parse(self) -> Capture:
         """Recover status, body, events and output stamps into the capture."""
-        _parse(self.capture, self.reads)
+        _parse(self.capture, self.reads, self.seen)
         return self.capture
 
 
@@ -88,23 +118,28 @@ async def stream_raw(
     closed: asyncio.Future[None] = loop.create_future()
     cap.start_ns = time.monotonic_ns()
     counts = progress if progress is not None else {}
-    transport, proto = await loop.create_connection(
-        lambda: _Reads(closed, counts, request_id), host, port
-    )
-    # Like a client on a kept-alive connection: the proxy has accepted it before
-    # the request goes out, so the TTFT compared is the request's, not the accept's.
-    await asyncio.sleep(ACCEPT_WAIT_S)
-    transport.write(head + payload)
-    cap.sent_ns = time.monotonic_ns()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    reads = _Reads(sock, closed, counts, request_id)
     try:
+        await loop.sock_connect(sock, (host, port))
+        loop.add_reader(sock.fileno(), reads.readable)
+        # Like a client on a kept-alive connection: the proxy has accepted it before
+        # the request goes out, so the TTFT compared is the request's, not the accept's.
+        await asyncio.sleep(ACCEPT_WAIT_S)
+        await loop.sock_sendall(sock, head + payload)
+        cap.sent_ns = time.monotonic_ns()
         await closed
     finally:
-        transport.close()
+        loop.remove_reader(sock.fileno())
+        sock.close()
     cap.end_ns = time.monotonic_ns()
-    return RawExchange(cap, proto.reads)
+    return RawExchange(cap, reads.reads, reads.seen)
 
 
-def _parse(cap: Capture, reads: list[tuple[int, bytes]]) -> None:
+def _parse(cap: Capture, reads: list[tuple[int, bytes]], seen: list[int]) -> None:
     raw = b"".join(d for _, d in reads)
     ends: list[int] = []
     total = 0
@@ -113,8 +148,8 @@ def _parse(cap: Capture, reads: list[tuple[int, bytes]]) -> None:
         ends.append(total)
         cap.reads.append((stamp, len(data)))
 
-    def stamp_at(offset: int) -> int:
-        return reads[bisect.bisect_right(ends, offset)][0]
+    def read_at(offset: int) -> int:
+        return bisect.bisect_right(ends, offset)
 
     head_end = raw.find(b"\r\n\r\n")
     if head_end < 0:
@@ -173,5 +208,7 @@ def _parse(cap: Capture, reads: list[tuple[int, bytes]]) -> None:
             continue
         text = output_text(obj) if isinstance(obj, dict) else ""
         if text:
-            cap.output_ns.append(stamp_at(raw_offset(end + 1)))
+            i = read_at(raw_offset(end + 1))
+            cap.output_ns.append(reads[i][0])
+            cap.seen_ns.append(seen[i])
             cap.output_text.append(text)

@@ -57,7 +57,7 @@ def _check_agreement(proxy: RecordedProxy, run: StutterRun) -> None:
     print("\nproxy vs client, same requests, same clock:\n" + agree.table())
     print(run.contention.line())
     assert not agree.mismatched, agree.mismatched
-    assert min(agree.event_lags_s) >= 0, "the client cannot see a token before the proxy read it"
+    assert min(agree.seen_lags_s) >= 0, "the client cannot see a token before the proxy read it"
     assert abs(statistics.median(agree.gap_diffs_s)) <= 0.1 * TOLERANCE_S, agree.table()
     bound = TOLERANCE_S
     if not run.contention.quiet:

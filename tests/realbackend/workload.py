@@ -114,7 +114,10 @@ class Agreement:
     """The proxy's stamps against the client's, over a set of requests."""
 
     event_lags_s: list[float]
-    """Per output event: client receipt minus proxy read (>= 0 by causality)."""
+    """Per output event: arrival at the client's socket minus the proxy's read stamp."""
+    seen_lags_s: list[float]
+    """Per output event: the client's code getting it minus the proxy's read stamp
+    (>= 0 by causality; the kernel's stamps of a read can be older than its last bytes)."""
     gap_diffs_s: list[float]
     """Per gap: client gap minus proxy gap."""
     ttft_diffs_s: list[float]
@@ -145,6 +148,7 @@ class Agreement:
 
         rows = [
             ("event lag (client - proxy)", self.event_lags_s),
+            ("  client code got it - proxy", self.seen_lags_s),
             ("gap difference", self.gap_diffs_s),
             ("TTFT difference", self.ttft_diffs_s),
             ("  of which before t0", self.ingest_s),
@@ -165,6 +169,7 @@ class Agreement:
 def agreement(proxy: RecordedProxy, caps: list[Capture]) -> Agreement:
     """Match each capture with the proxy's stamps of the same ``X-Request-Id``."""
     lags: list[float] = []
+    seen: list[float] = []
     gaps: list[float] = []
     ttfts: list[float] = []
     ingest: list[float] = []
@@ -178,6 +183,8 @@ def agreement(proxy: RecordedProxy, caps: list[Capture]) -> Agreement:
             mismatched.append(f"{cap.request_id}: client {len(mine)} events, proxy {len(theirs)}")
             continue
         lags += [(c - p) / 1e9 for c, p in zip(mine, theirs, strict=True)]
+        if cap.seen_ns:
+            seen += [(c - p) / 1e9 for c, p in zip(cap.seen_ns, theirs, strict=True)]
         client_gaps = [b - a for a, b in itertools.pairwise(mine)]
         proxy_gaps = [b - a for a, b in itertools.pairwise(theirs)]
         gaps += [(c - p) / 1e9 for c, p in zip(client_gaps, proxy_gaps, strict=True)]
@@ -192,4 +199,4 @@ def agreement(proxy: RecordedProxy, caps: list[Capture]) -> Agreement:
                 f"{cap.request_id:>16}: TTFT client {cap.ttft_s * 1e3:9.3f} ms, proxy "
                 f"{record.ttft_s * 1e3:9.3f} ms, first token lag {(mine[0] - theirs[0]) / 1e6:6.3f} ms"
             )
-    return Agreement(lags, gaps, ttfts, ingest, mismatched, rows)
+    return Agreement(lags, seen, gaps, ttfts, ingest, mismatched, rows)
