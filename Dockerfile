@@ -20,6 +20,7 @@ COPY proxy/ proxy/
 COPY exporters/ exporters/
 COPY simulator/ simulator/
 COPY bench/ bench/
+COPY demo/ demo/
 RUN python -m pip wheel --no-deps --wheel-dir /wheels .
 
 FROM ${PYTHON_IMAGE} AS runtime

@@ -16,7 +16,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from proxy.headers import HOP_BY_HOP
+from proxy.edge.headers import HOP_BY_HOP
 
 # The same hop-by-hop rule as the proxy (RFC 9110 section 7.6.1), plus what the
 # client library recomputes.

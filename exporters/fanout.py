@@ -1,6 +1,6 @@
 """One sink in front of several: every observation reaches each exporter, none breaks traffic.
 
-``FanoutSink`` implements ``proxy.records.Sink`` by calling each sink in
+``FanoutSink`` implements ``proxy.core.records.Sink`` by calling each sink in
 order. An exception from one sink is swallowed (the others still get the
 observation, and the caller, the token path, never sees it), counted, and
 logged through ``ErrorLog``: at most one line per interval, carrying how many
@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from proxy.records import (
+from proxy.core.records import (
     Backend,
     PrefillRecord,
     RequestLabels,

@@ -23,7 +23,7 @@ from exporters import names
 from exporters.otel_gaps import GapHistograms
 from exporters.prometheus import PrometheusSink, status_class
 from proxy import __version__
-from proxy.records import Backend, PrefillRecord, RequestLabels, RequestRecord, StallRecord
+from proxy.core.records import Backend, PrefillRecord, RequestLabels, RequestRecord, StallRecord
 
 METER_NAME = "tokenstamp"
 """Instrumentation scope of every tokenstamp instrument."""
@@ -62,7 +62,7 @@ def attributes(inst: names.Instrument, *values: str) -> Attributes:
 
 
 class OtelMetricsSink:
-    """A ``proxy.records.Sink`` recording the METRICS.md instruments through OpenTelemetry."""
+    """A ``proxy.core.records.Sink`` recording the METRICS.md instruments through OpenTelemetry."""
 
     def __init__(
         self,

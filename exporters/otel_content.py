@@ -18,7 +18,7 @@ from typing import Any
 
 from orjson import loads
 
-from proxy.decoders.sse import SseDecoder
+from proxy.core.decoders.sse import SseDecoder
 
 CAP_CHARS = 16384
 """Default cap on the text characters of one attribute."""

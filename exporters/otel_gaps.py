@@ -37,7 +37,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from exporters import names
 from exporters.prometheus import PrometheusSink
 from proxy import __version__
-from proxy.records import RequestLabels
+from proxy.core.records import RequestLabels
 
 SCOPE = InstrumentationScope("tokenstamp", __version__)
 """The instrumentation scope of every tokenstamp instrument (``exporters.otel.METER_NAME``)."""

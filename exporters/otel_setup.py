@@ -47,7 +47,6 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExportResult
 
 from exporters.otel_gaps import GapBridgeReader, GapHistograms
 from proxy import __version__
-from proxy.config import ConfigError
 
 log = logging.getLogger("tokenstamp.telemetry")
 
@@ -64,6 +63,12 @@ SDK_EXPORT_LOGGERS = (
     "opentelemetry.sdk.metrics._internal.export",
 )
 """The SDK loggers that speak about exports (rate-limited while the proxy runs)."""
+
+
+class OtelConfigError(ValueError):
+    """A bad ``--otlp-endpoint`` or ``OTEL_*`` value; the message names the key.
+
+    The proxy's start-up turns it into its own configuration error (exit 2)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +89,7 @@ class OtlpSettings:
 def _url(key: str, value: str) -> str:
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"{key}: expected an http:// or https:// URL, got {value!r}")
+        raise OtelConfigError(f"{key}: expected an http:// or https:// URL, got {value!r}")
     return value
 
 
@@ -93,12 +98,13 @@ def _exporter_on(env: Mapping[str, str], key: str) -> bool:
     if names <= {"none"}:
         return False
     if names - {"otlp", "none"}:
-        raise ConfigError(f"{key}: tokenstamp exports 'otlp' or 'none', got {env[key]!r}")
+        raise OtelConfigError(f"{key}: tokenstamp exports 'otlp' or 'none', got {env[key]!r}")
     return True
 
 
 def otlp_settings(endpoint: str, env: Mapping[str, str]) -> OtlpSettings:
-    """Resolve ``--otlp-endpoint`` and the ``OTEL_*`` variables; ``ConfigError`` names a bad key."""
+    """Resolve ``--otlp-endpoint`` and the ``OTEL_*`` variables; ``OtelConfigError`` names a
+    bad key."""
     if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return OtlpSettings()
     base = endpoint or env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")
@@ -117,7 +123,7 @@ def otlp_settings(endpoint: str, env: Mapping[str, str]) -> OtlpSettings:
         if not url or not _exporter_on(env, f"OTEL_{upper}_EXPORTER"):
             continue
         if protocol != "http/protobuf":
-            raise ConfigError(
+            raise OtelConfigError(
                 f"{proto_key}: tokenstamp exports OTLP over http/protobuf only (the "
                 f"collector's port 4318), got {protocol!r}"
             )
@@ -127,16 +133,16 @@ def otlp_settings(endpoint: str, env: Mapping[str, str]) -> OtlpSettings:
 
 def export_timeout_s(env: Mapping[str, str], signal: str) -> float | None:
     """``OTEL_EXPORTER_OTLP_(<SIGNAL>_)TIMEOUT`` in seconds, as the Python SDK reads it
-    (``None``: its default of 10 s); ``ConfigError`` names a bad value."""
+    (``None``: its default of 10 s); ``OtelConfigError`` names a bad value."""
     for key in (f"OTEL_EXPORTER_OTLP_{signal.upper()}_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"):
         raw = env.get(key, "").strip()
         if raw:
             try:
                 value = float(raw)
             except ValueError:
-                raise ConfigError(f"{key}: expected seconds, got {raw!r}") from None
+                raise OtelConfigError(f"{key}: expected seconds, got {raw!r}") from None
             if not value > 0:
-                raise ConfigError(f"{key}: must be > 0, got {raw!r}")
+                raise OtelConfigError(f"{key}: must be > 0, got {raw!r}")
             return value
     return None
 

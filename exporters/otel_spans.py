@@ -5,7 +5,7 @@ One span per observed request, kind SERVER, named ``{gen_ai.operation.name}
 with the attributes a sampler may use; the rest is set at the end, from the
 ``RequestRecord``. Nothing is done per token.
 
-Stalls are decided after the fact (``proxy.stalls``: a stall ``tol`` after its
+Stalls are decided after the fact (``proxy.core.backend_view``: a stall ``tol`` after its
 end, a culprit's count up to ``max_delay`` after its first token), and span
 links and events can only be added before ``end()``. So a finished stream's
 span *lingers* for ``linger_ns`` (its end time is already fixed) before it is
@@ -30,7 +30,7 @@ from opentelemetry.trace import Span, SpanContext, SpanKind, StatusCode, TracerP
 from exporters import names
 from exporters.otel_content import input_messages
 from proxy import __version__
-from proxy.records import (
+from proxy.core.records import (
     Backend,
     Outcome,
     PrefillRecord,

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from exporters import names
 from exporters.fast_histogram import FastHistogram, HistogramChild
-from proxy.records import (
+from proxy.core.records import (
     Backend,
     PrefillRecord,
     RequestLabels,
@@ -66,7 +66,7 @@ class _Children:
 
 
 class PrometheusSink:
-    """A ``proxy.records.Sink`` writing Prometheus metrics into ``registry``."""
+    """A ``proxy.core.records.Sink`` writing Prometheus metrics into ``registry``."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry

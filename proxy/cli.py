@@ -8,18 +8,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import logging
 import os
 import sys
 from collections.abc import Sequence
+from importlib.metadata import entry_points
 
 from proxy import __version__
 from proxy.config import ConfigError, add_serve_arguments, build_config
 
-# Subcommands that live in other packages register themselves through a
-# ``register(subparsers)`` function; a missing optional one is simply absent.
-_PLUGINS = ("simulator.cli", "proxy.demo", "bench.cli")
+# Subcommands that live in other packages (the simulator, the demo, the bench)
+# register themselves under this entry-point group with a ``register(subparsers)``
+# function, so the proxy names none of them; an uninstalled one is simply absent.
+COMMANDS_GROUP = "tokenstamp.commands"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -35,7 +36,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
-    from proxy.server import serve_forever
+    from proxy.edge.server import serve_forever
 
     return asyncio.run(serve_forever(config))
 
@@ -59,14 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_serve_arguments(serve)
     serve.set_defaults(func=_run_serve)
-    for name in _PLUGINS:
-        try:
-            mod = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-            continue
-        mod.register(sub)
+    for command in sorted(entry_points(group=COMMANDS_GROUP), key=lambda ep: ep.name):
+        command.load()(sub)
     return parser
 
 

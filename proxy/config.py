@@ -82,7 +82,7 @@ class ProxyConfig:
     stall_detection: bool = True
     """Watch all streams of the backend for stalls and name the prefills that caused them."""
     heap_trim: bool = True
-    """On glibc, hand the C heap's free pages back to the OS once a second (``proxy.heap``)."""
+    """On glibc, hand the C heap's free pages back to the OS once a second (``proxy.edge.heap``)."""
     stall_ratio: float = 3.0
     """A gap is a stall above ``stall_ratio`` x the stream's baseline (median recent gap)."""
     stall_floor_s: float = 0.05

@@ -11,7 +11,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from proxy.config import HostPort, ProxyConfig
-from proxy.server import RunningProxy, start_proxy
+from proxy.edge.server import RunningProxy, start_proxy
 
 
 @dataclass

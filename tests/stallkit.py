@@ -22,7 +22,7 @@ import aiohttp
 
 from exporters.prometheus import PrometheusSink
 from proxy.config import HostPort, ProxyConfig
-from proxy.records import (
+from proxy.core.records import (
     Backend,
     PrefillRecord,
     RequestLabels,

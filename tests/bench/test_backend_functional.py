@@ -10,8 +10,8 @@ import openai
 from bench.backend import STAMP_FIELD, BackendConfig, ChunkFormat, create_app
 from bench.loadgen import LoadPlan, mask_stamps, run_load
 from bench.passthrough import create_app as create_passthrough
-from proxy.decoders.openai import interpret
-from proxy.decoders.sse import SseDecoder
+from proxy.core.decoders.openai import interpret
+from proxy.core.decoders.sse import SseDecoder
 
 CONFIG = BackendConfig(rate_per_s=200.0, default_max_tokens=5, created_unix_s=1_718_000_000)
 

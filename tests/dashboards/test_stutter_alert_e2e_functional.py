@@ -18,8 +18,8 @@ import yaml
 
 from dashboards import alerts, build
 from dashboards.config import Config
-from proxy.demo import _start
-from proxy.scenarios import run_stutter
+from demo.cli import _start
+from demo.scenarios import run_stutter
 from tests.promserver import PrometheusServer
 
 pytestmark = pytest.mark.prometheus

@@ -16,11 +16,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 
-from proxy.server import start_proxy
+from proxy.edge.server import start_proxy
 from tests.conftest import Script
 from tests.exporters.test_otel_metrics_functional import config
 from tests.promserver import PrometheusServer
-from tests.proxy.test_proxy_functional import body, vllm_like
+from tests.proxy.edge.test_app_functional import body, vllm_like
 
 HISTOGRAMS = (
     "gen_ai_server_time_to_first_token_seconds_bucket",

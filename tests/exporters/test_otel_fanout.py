@@ -12,8 +12,8 @@ from prometheus_client import CollectorRegistry
 from exporters.fanout import ErrorLog, FanoutSink
 from exporters.otel import OtelMetricsSink
 from exporters.prometheus import PrometheusSink
-from proxy.records import Backend, Outcome, RequestLabels
-from proxy.timing import StreamTimer
+from proxy.core.records import Backend, Outcome, RequestLabels
+from proxy.core.timing import StreamTimer
 
 BACKEND = Backend("vllm", "b")
 LABELS = RequestLabels("chat", "m", BACKEND)

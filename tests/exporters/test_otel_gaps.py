@@ -17,7 +17,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from exporters import names
 from exporters.otel import OtelMetricsSink, histogram
 from exporters.otel_gaps import GapHistograms, merged
-from proxy.records import Backend, RequestLabels
+from proxy.core.records import Backend, RequestLabels
 
 A = RequestLabels("chat", "m", Backend("vllm", "b"))
 B = RequestLabels("text_completion", "other", Backend("vllm", "b"))

@@ -33,7 +33,7 @@ from prometheus_client.utils import floatToGoString
 
 from exporters import names
 from proxy.config import ProxyConfig
-from proxy.server import RunningProxy, start_proxy
+from proxy.edge.server import RunningProxy, start_proxy
 from tests.stallkit import simulator_proxy_config, start_simulator
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]

@@ -30,11 +30,11 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
 from prometheus_client import CollectorRegistry
 
 from exporters.otel_setup import SDK_EXPORT_LOGGERS, OtlpSettings, Telemetry
-from proxy.server import start_proxy
+from proxy.edge.server import start_proxy
 from tests.conftest import Script
 from tests.exporters.test_otel_metrics_functional import check_same_as_scrape, config, drive
 from tests.promserver import free_port
-from tests.proxy.test_proxy_functional import body, vllm_like
+from tests.proxy.edge.test_app_functional import body, vllm_like
 
 
 @dataclass

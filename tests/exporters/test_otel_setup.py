@@ -8,6 +8,7 @@ import pytest
 
 from exporters.otel_setup import (
     ExportHealth,
+    OtelConfigError,
     OtlpSettings,
     RateLimitFilter,
     export_timeout_s,
@@ -55,7 +56,7 @@ def test_per_signal_endpoints_and_exporter_switches():
     ],
 )  # fmt: skip
 def test_bad_settings_name_the_key(endpoint, env, key):
-    with pytest.raises(ConfigError, match=key):
+    with pytest.raises(OtelConfigError, match=key):
         otlp_settings(endpoint, env)
 
 
@@ -64,7 +65,7 @@ def test_export_timeout():
     assert export_timeout_s({"OTEL_EXPORTER_OTLP_TIMEOUT": "2.5"}, "traces") == 2.5
     env = {"OTEL_EXPORTER_OTLP_TIMEOUT": "2.5", "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT": "1"}
     assert export_timeout_s(env, "metrics") == 1.0
-    with pytest.raises(ConfigError, match="OTEL_EXPORTER_OTLP_TIMEOUT"):
+    with pytest.raises(OtelConfigError, match="OTEL_EXPORTER_OTLP_TIMEOUT"):
         export_timeout_s({"OTEL_EXPORTER_OTLP_TIMEOUT": "soon"}, "traces")
 
 

@@ -25,9 +25,9 @@ from prometheus_client import CollectorRegistry
 from exporters import otel_spans as keys
 from exporters.otel_content import TRUNCATED
 from proxy.config import HostPort, ProxyConfig
-from proxy.server import RunningProxy, start_proxy
+from proxy.edge.server import RunningProxy, start_proxy
 from tests.conftest import Script
-from tests.proxy.test_proxy_functional import USAGE, body, chat_chunk, post, vllm_like
+from tests.proxy.edge.test_app_functional import USAGE, body, chat_chunk, post, vllm_like
 
 CLIENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
 CLIENT_SPAN = "b7ad6b7169203331"

@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client import CollectorRegistry
 
 from exporters import otel_spans as keys
-from proxy.server import start_proxy
+from proxy.edge.server import start_proxy
 from tests.stallkit import simulator_proxy_config, start_simulator, stream_chat
 
 STREAMS = 6

@@ -8,7 +8,7 @@ import sys
 from aiohttp import web
 
 from proxy.config import config_from_argv
-from proxy.server import RunningProxy, start_proxy
+from proxy.edge.server import RunningProxy, start_proxy
 
 
 def _rendered_container(harness) -> tuple[list[str], list[str]]:

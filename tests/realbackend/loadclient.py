@@ -22,7 +22,7 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
-from proxy.tasks import TaskSet
+from proxy.edge.tasks import TaskSet
 from tests.realbackend.client import Capture
 from tests.realbackend.rawclient import RawExchange, stream_raw
 from tests.realbackend.sched import Boost, run_queue_wait_ns

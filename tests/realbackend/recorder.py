@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from exporters.prometheus import PrometheusSink
 from proxy.config import ProxyConfig
-from proxy.server import RunningProxy, start_proxy
+from proxy.edge.server import RunningProxy, start_proxy
 from tests.stallkit import RecordingSink
 
 

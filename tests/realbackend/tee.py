@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from proxy.tasks import TaskSet
+from proxy.edge.tasks import TaskSet
 
 
 @dataclass

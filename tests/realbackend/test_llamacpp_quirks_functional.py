@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.tasks import TaskSet
+from proxy.edge.tasks import TaskSet
 from tests.conftest import Script, Upstream
 from tests.realbackend.client import Capture, Prompts, chat, session, stream
 from tests.realbackend.llamacpp_server import LlamaCppServer

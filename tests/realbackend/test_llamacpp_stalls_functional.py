@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from exporters import names
-from proxy.records import StallCause
+from proxy.core.records import StallCause
 from tests.realbackend.client import Prompts
 from tests.realbackend.llamacpp_server import LlamaCppServer
 from tests.realbackend.recorder import ProxyFactory, RecordedProxy

@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 from hypothesis import HealthCheck, settings
 
-from proxy.server import RunningProxy
+from proxy.edge.server import RunningProxy
 from tests.reliability.procs import fd_census
 from tests.reliability.rawserver import LAST_CHUNK, SSE_HEAD, RawConn, chunked
 from tests.reliability.streams import stream_events, visible_bytes

@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from proxy.tasks import TaskSet
+from proxy.edge.tasks import TaskSet
 
 ROOT = Path(__file__).resolve().parents[2]
 _PROXYING = re.compile(

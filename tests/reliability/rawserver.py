@@ -15,7 +15,7 @@ import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from proxy.tasks import TaskSet
+from proxy.edge.tasks import TaskSet
 
 SSE_HEAD = (
     b"HTTP/1.1 200 OK\r\n"

@@ -19,8 +19,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from exporters.prometheus import PrometheusSink
-from proxy.app import create_app
 from proxy.config import HostPort, ProxyConfig
+from proxy.edge.app import create_app
 from tests.conftest import Script
 from tests.reliability.helpers import CHAT, outcomes
 from tests.reliability.procs import parse_metrics, rss_bytes

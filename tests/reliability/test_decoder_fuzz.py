@@ -1,6 +1,6 @@
 """Fuzzing the stream decoders and the byte path they drive (no sockets).
 
-Beyond tests/proxy/test_sse_decoder.py and test_ndjson_decoder.py: huge and
+Beyond tests/proxy/core/decoders/test_sse.py and test_ndjson.py: huge and
 empty events next to normal ones, the SSE decoder and the usage-cutting
 ``EventCutter`` together (the relay's exact byte path: any split must give
 the stream minus the usage event, byte for byte), and every format's
@@ -20,11 +20,11 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from proxy.decoders.ndjson import NdjsonDecoder
-from proxy.decoders.openai import interpret
-from proxy.decoders.registry import ROUTES, Framing
-from proxy.decoders.sse import SseDecoder
-from proxy.usage import EventCutter
+from proxy.core.decoders.ndjson import NdjsonDecoder
+from proxy.core.decoders.openai import interpret
+from proxy.core.decoders.registry import ROUTES, Framing
+from proxy.core.decoders.sse import SseDecoder
+from proxy.core.usage import EventCutter
 from tests.reliability.helpers import fuzz_settings
 from tests.reliability.streams import chat_chunk, usage_chunk
 

@@ -9,7 +9,7 @@ What the bar sees: the proxy keeps nothing per request, so RSS is live memory
 plus the C heap's free pages. asyncio reads each socket into a 256 KiB buffer
 that glibc carves from the heap; the heap fragments and, untrimmed, RSS climbs
 in steps (48 -> 60 MiB over 5 minutes here, malloc's in-use bytes and Python's
-objects flat). ``proxy.heap`` hands the free pages back every second, which
+objects flat). ``proxy.edge.heap`` hands the free pages back every second, which
 keeps RSS within about 1% of its level after warm-up. 3% of ~51 MiB over the
 10-20k requests between the two windows compared catches a retention of about
 100 bytes a request; the figures line prints the growth per request too.

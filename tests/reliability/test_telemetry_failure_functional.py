@@ -15,7 +15,7 @@ from prometheus_client.registry import Collector
 
 from exporters.prometheus import PrometheusSink
 from proxy.config import HostPort, ProxyConfig
-from proxy.server import start_proxy
+from proxy.edge.server import start_proxy
 from tests.reliability.helpers import CHAT, chat_body, fetch
 from tests.reliability.streams import stream_events, visible_bytes
 
@@ -25,7 +25,7 @@ BAD_EVENT = b"data: {not json\n\n"
 
 
 class RaisingSink:
-    """A ``proxy.records.Sink`` whose chosen methods raise (a broken exporter)."""
+    """A ``proxy.core.records.Sink`` whose chosen methods raise (a broken exporter)."""
 
     def __init__(self, failing: frozenset[str]) -> None:
         self.failing = failing

@@ -1,0 +1,305 @@
+"""Record types of the timing core and the sink interface exporters implement.
+
+Pure: no framework imports. Times are ``*_ns`` on the monotonic clock unless
+named ``*_unix_ns`` (wall clock, only for span start and end).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import NamedTuple, Protocol
+
+
+class Outcome(StrEnum):
+    """How a proxied request ended."""
+
+    OK = "ok"
+    CLIENT_DISCONNECT = "client_disconnect"
+    UPSTREAM_ERROR = "upstream_error"
+    TIMEOUT = "timeout"
+    REJECTED = "rejected"
+
+
+class Operation(StrEnum):
+    """``gen_ai.operation.name`` values the proxy observes."""
+
+    CHAT = "chat"
+    TEXT_COMPLETION = "text_completion"
+
+
+class Backend(NamedTuple):
+    """One upstream, as named in metrics (a named tuple: cheap to hash as a dict key)."""
+
+    provider: str
+    """``gen_ai.provider.name`` (configured)."""
+    address: str
+    """``server.address``: the backend's configured name."""
+
+
+class RequestLabels(NamedTuple):
+    """The bounded label set of one observed request; computed once, at arrival.
+
+    A named tuple: exporters key their per-label-set state on it for every
+    token, and a tuple hashes far faster than a frozen dataclass.
+    """
+
+    operation: str
+    """``gen_ai.operation.name``."""
+    model: str
+    """``gen_ai.request.model`` after the cardinality bound (may be ``other``)."""
+    backend: Backend
+    """The upstream it went to."""
+
+
+@dataclass(frozen=True, slots=True)
+class BackendTimings:
+    """Durations the backend measured itself for one request, in seconds (on its own clock)."""
+
+    prefill_s: float | None = None
+    """Prompt processing (llama.cpp ``prompt_ms``, Ollama ``prompt_eval_duration``)."""
+    decode_s: float | None = None
+    """Token generation (llama.cpp ``predicted_ms``, Ollama ``eval_duration``)."""
+    per_token_s: float | None = None
+    """Generation time per output token (llama.cpp ``predicted_per_token_ms``)."""
+    load_s: float | None = None
+    """Model loading before the prompt was processed (Ollama ``load_duration``)."""
+    total_s: float | None = None
+    """The backend's own end-to-end time (Ollama ``total_duration``)."""
+
+
+def queue_time_s(ttft_s: float | None, timings: BackendTimings | None) -> float | None:
+    """Observed TTFT minus the backend's prefill (and model load): queueing and transport.
+
+    ``None`` when either is unknown. Clamped at 0: the backend's clock and ours
+    differ by a little, and the proxy's window always encloses the backend's.
+    """
+    if ttft_s is None or timings is None or timings.prefill_s is None:
+        return None
+    return max(0.0, ttft_s - timings.prefill_s - (timings.load_s or 0.0))
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """Everything measured about one finished request."""
+
+    request_id: str
+    """The proxy's id for the request (logs and spans only, never a label)."""
+    labels: RequestLabels
+    """Bounded labels."""
+    streamed: bool
+    """The response was a token stream (SSE) that was timed."""
+    outcome: Outcome
+    """How it ended."""
+    status_code: int
+    """HTTP status sent to the client (0 when none was sent)."""
+    error_type: str
+    """Low-cardinality failure class, empty on success."""
+    arrival_ns: int
+    """``t0``: request head and body read."""
+    forwarded_ns: int | None
+    """``tf``: request sent upstream."""
+    first_token_ns: int | None
+    """``t1``: first output event received."""
+    last_token_ns: int | None
+    """Last output event received."""
+    end_ns: int
+    """End of the response (or of the attempt)."""
+    start_unix_ns: int
+    """Wall-clock time of arrival (for spans)."""
+    output_events: int
+    """Output events seen."""
+    gap_count: int
+    """Inter-token gaps observed (``output_events - 1`` when > 0)."""
+    max_gap_ns: int
+    """Worst gap, 0 without gaps."""
+    prompt_tokens: int | None
+    """``usage.prompt_tokens`` when reported."""
+    completion_tokens: int | None
+    """``usage.completion_tokens`` when reported."""
+    cached_tokens: int | None
+    """``usage.prompt_tokens_details.cached_tokens`` when reported."""
+    finish_reasons: tuple[str, ...]
+    """Finish reasons in order of arrival."""
+    response_model: str
+    """``model`` of the response."""
+    response_id: str
+    """``id`` of the response."""
+    request_model: str
+    """The model the client asked for, unbounded (spans only)."""
+    trace_id: str = ""
+    """Trace id (32 hex digits) of the request's span when it is sampled, else empty.
+
+    Travels as an exemplar on the TTFT and worst-gap histograms, never as a label."""
+    backend_timings: BackendTimings | None = None
+    """Timings the backend reported about itself (llama.cpp, Ollama), when it did."""
+    response_status: str = ""
+    """Terminal status the format reported (Responses ``completed``, ``incomplete``, ``failed``)."""
+    terminal_seen: bool = False
+    """The stream's terminal event arrived (``[DONE]``, ``message_stop``, ``done: true``, ...)."""
+
+    @property
+    def ttft_s(self) -> float | None:
+        """``t1 - t0`` in seconds."""
+        if self.first_token_ns is None:
+            return None
+        return (self.first_token_ns - self.arrival_ns) / 1e9
+
+    @property
+    def upstream_ttft_s(self) -> float | None:
+        """``t1 - tf`` in seconds."""
+        if self.first_token_ns is None or self.forwarded_ns is None:
+            return None
+        return (self.first_token_ns - self.forwarded_ns) / 1e9
+
+    @property
+    def queue_time_s(self) -> float | None:
+        """Observed TTFT minus the backend's reported prefill: ``tokenstamp.request.queue_time``."""
+        return queue_time_s(self.ttft_s, self.backend_timings)
+
+    @property
+    def output_tokens(self) -> int:
+        """``n_out``: the backend's count when known, else output events."""
+        if self.completion_tokens is not None:
+            return self.completion_tokens
+        return self.output_events
+
+    @property
+    def tpot_s(self) -> float | None:
+        """``(t_last - t1) / (n_out - 1)``; ``None`` below two output tokens."""
+        n = self.output_tokens
+        if self.first_token_ns is None or self.last_token_ns is None or n < 2:
+            return None
+        if self.output_events < 2:
+            return None
+        return (self.last_token_ns - self.first_token_ns) / 1e9 / (n - 1)
+
+    @property
+    def duration_s(self) -> float:
+        """E2E: end minus ``t0``."""
+        return (self.end_ns - self.arrival_ns) / 1e9
+
+    @property
+    def max_gap_s(self) -> float:
+        """Worst gap in seconds."""
+        return self.max_gap_ns / 1e9
+
+    @property
+    def prefix_cache(self) -> str:
+        """``hit`` / ``miss`` / ``unknown`` from the cached prompt tokens."""
+        if self.cached_tokens is None:
+            return "unknown"
+        return "hit" if self.cached_tokens > 0 else "miss"
+
+    def slo_met(self, ttft_target_s: float, tpot_target_s: float) -> bool:
+        """Both SLOs met: ended ``ok``, produced output within ``ttft_target_s``, and
+        decoded within ``tpot_target_s`` per token (or had fewer than two tokens)."""
+        ttft = self.ttft_s
+        tpot = self.tpot_s
+        return (
+            self.outcome is Outcome.OK
+            and ttft is not None
+            and ttft <= ttft_target_s
+            and (tpot is None or tpot <= tpot_target_s)
+        )
+
+
+class StallCause(StrEnum):
+    """``tokenstamp.stall.cause``: why a stream stalled."""
+
+    PREFILL = "prefill"
+    """At least one culprit: another request's prefill overlapped the stall."""
+    UNATTRIBUTED = "unattributed"
+    """No culprit found."""
+
+
+@dataclass(frozen=True, slots=True)
+class StallRecord:
+    """One stall: a gap of one stream far above its baseline (see ``proxy.core.backend_view``)."""
+
+    request_id: str
+    """The stalled stream's request id."""
+    backend: Backend
+    """The upstream it streams from."""
+    start_ns: int
+    """The output event before the gap (monotonic)."""
+    end_ns: int
+    """The output event that ended the gap (monotonic)."""
+    baseline_ns: int
+    """The baseline gap it was judged against (median of recent gaps)."""
+    threshold_ns: int
+    """``max(stall_ratio x baseline, stall_floor)``; the gap exceeded it."""
+    cause: StallCause
+    """``prefill`` when culprits were found, else ``unattributed``."""
+    culprits: tuple[str, ...]
+    """Request ids of the culprits (empty when unattributed)."""
+
+    @property
+    def duration_s(self) -> float:
+        """The stall (the gap) in seconds."""
+        return (self.end_ns - self.start_ns) / 1e9
+
+    @property
+    def excess_s(self) -> float:
+        """Stall minus baseline in seconds: the frozen output it cost this stream."""
+        return max(0, self.end_ns - self.start_ns - self.baseline_ns) / 1e9
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillRecord:
+    """One request's prefill window, reported once its attribution is final."""
+
+    request_id: str
+    """The proxy's id for the request."""
+    labels: RequestLabels
+    """The request's labels (operation and model empty when it was not described)."""
+    forwarded_ns: int
+    """``tf``: the window opened (monotonic)."""
+    first_token_ns: int
+    """``t1``: the window closed (monotonic)."""
+    prompt_tokens_hint: int | None
+    """Prompt size estimated from the request body, when known."""
+    stalls: int
+    """Stalls attributed to it (a stream stalled twice counts twice)."""
+    stalled_streams: int
+    """Distinct other streams it stalled (0 when none)."""
+    stutter_cost_s: float
+    """Its share of sum(stall - baseline) over those stalls: user-seconds of frozen output."""
+
+    @property
+    def window_s(self) -> float:
+        """``t1 - tf`` in seconds: upstream TTFT (queueing included)."""
+        return (self.first_token_ns - self.forwarded_ns) / 1e9
+
+
+class Sink(Protocol):
+    """Where the core reports. One call site per observation; exporters implement it.
+
+    Implementations must be cheap and must not raise into the caller's path
+    more than they can help: the proxy wraps calls, but a slow sink slows tokens.
+    """
+
+    def request_started(self, labels: RequestLabels) -> None:
+        """An observed request arrived (in-flight gauge up)."""
+
+    def gap(self, labels: RequestLabels, gap_s: float, request_id: str, trace_id: str = "") -> None:
+        """One inter-token gap of a stream.
+
+        ``trace_id`` is given (the stream is sampled) only when this gap should
+        carry an exemplar: the stream's largest gap so far. Callers pass it only
+        when non-empty, so a sink may omit the parameter while tracing is off."""
+
+    def request_finished(self, record: RequestRecord) -> None:
+        """A request ended, any outcome (in-flight gauge down)."""
+
+    def decoder_error(self, backend: Backend, kind: str) -> None:
+        """An upstream event could not be decoded."""
+
+    def unobserved(self, backend: Backend, reason: str) -> None:
+        """A request on an observed route was passed through without timing."""
+
+    def stall(self, record: StallRecord) -> None:
+        """A stall was detected and its attribution is final."""
+
+    def prefill_done(self, record: PrefillRecord) -> None:
+        """A request's prefill completed and the stalls it caused are all counted."""

@@ -1,0 +1,428 @@
+"""The proxy's HTTP application: forward everything, time the token streams.
+
+``create_app`` wires one upstream. Every method and path is forwarded; the
+routes of ``proxy.core.decoders.registry`` (OpenAI chat and completions, Anthropic
+Messages, OpenAI Responses, Ollama, TGI and llama.cpp native) are also
+observed, when the response's content type is the format's framing or JSON
+(anything else is relayed untouched and counted as unobserved). Bytes go to
+the client as they are read, unchanged; the stamp is taken right after each
+read, before the bytes are written or looked at (``proxy.core.timing`` explains
+what shares a stamp).
+
+Errors are mapped in a fixed order, most specific first. Before the response
+starts: upstream timeout 504, any other upstream failure 502, both with a
+short JSON body. After it started the status is gone: the client connection is
+cut (no clean end of stream) and the outcome recorded. ``CancelledError`` is
+always re-raised; the ``finally`` always records the request once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+
+from proxy.config import ProxyConfig
+from proxy.core.backend_view import BackendView
+from proxy.core.decoders.registry import Decoding, Format, choose, route
+from proxy.core.labels import ModelLabeler
+from proxy.core.prompt_size import estimate_prompt_tokens
+from proxy.core.records import Backend, Outcome, RequestLabels, Sink
+from proxy.core.timing import StreamTimer, StreamWatcher
+from proxy.core.usage import inject, wants_injection
+from proxy.edge.headers import client_response_headers, upstream_request_headers
+from proxy.edge.relay import RelayResult, relay_json, relay_ndjson, relay_plain, relay_sse
+from proxy.edge.state import STATE, ProxyState
+from proxy.edge.watchdog import BodyWatchdog
+
+if TYPE_CHECKING:
+    from proxy.edge.tracing import Tracing
+
+log = logging.getLogger("tokenstamp.proxy")
+
+# The client library would add these when the client did not send them: forward
+# only what the client sent (Host and Content-Length are the hop's own).
+_NO_AUTO_HEADERS = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
+
+NO_USAGE_INJECTION = frozenset({"llama.cpp"})
+"""Providers whose usage chunk carries more than usage (llama.cpp: its timings)."""
+
+
+@dataclass(slots=True)
+class _Progress:
+    """How far one request got, for the record written when it is cancelled."""
+
+    status: int = 0
+    """Status sent to the client, once the response has started."""
+
+
+class _Refused(Exception):
+    """The proxy refuses the request before contacting the upstream."""
+
+    def __init__(self, status: int, error_type: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.error_type = error_type
+
+
+def json_error(status: int, error_type: str, message: str) -> web.Response:
+    """An OpenAI-style error body (clients already parse this shape)."""
+    body = {"error": {"message": message, "type": error_type, "code": status}}
+    return web.Response(
+        status=status,
+        text=json.dumps(body),
+        content_type="application/json",
+        headers={"X-Tokenstamp-Error": error_type},
+    )
+
+
+async def _read_body(request: web.Request, limit: int, timeout_s: float) -> bytes:
+    """The request body: 413 as soon as it passes ``limit`` bytes, 408 past ``timeout_s``."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await _read_body_limited(request, limit)
+    except TimeoutError:
+        raise _Refused(408, "body_timeout", f"request body not received within {timeout_s:g} s "
+                       "(--body-timeout)") from None  # fmt: skip
+
+
+async def _read_body_limited(request: web.Request, limit: int) -> bytes:
+    declared = request.content_length
+    if declared is not None and declared > limit:
+        raise _Refused(413, "body_too_large", f"request body of {declared} bytes exceeds the "
+                       f"proxy's limit of {limit} bytes (--max-body-bytes)")  # fmt: skip
+    buf = bytearray()
+    while True:
+        chunk = await request.content.readany()
+        if not chunk:
+            return bytes(buf)
+        buf += chunk
+        if len(buf) > limit:
+            raise _Refused(413, "body_too_large", f"request body exceeds the proxy's limit "
+                           f"of {limit} bytes (--max-body-bytes)")  # fmt: skip
+
+
+def request_id(request: web.Request) -> str:
+    """The client's ``X-Request-Id`` when it is a sane token, else a fresh random id.
+
+    Used in logs and spans (so an operator can find the culprit a client knows),
+    never as a metric label.
+    """
+    given = request.headers.get("X-Request-Id", "")
+    if 0 < len(given) <= 128 and given.isascii() and given.isprintable() and " " not in given:
+        return given
+    return uuid.uuid4().hex
+
+
+def _client_gone(request: web.Request) -> bool:
+    t = request.transport
+    return t is None or t.is_closing()
+
+
+def _abort(request: web.Request, resp: web.StreamResponse) -> None:
+    """End the client connection without a clean end of stream (bytes sent so far stay)."""
+    resp.force_close()
+    if request.transport is not None:
+        request.transport.close()
+
+
+# Why an upstream gave no response, in the 502's message (``error.type`` stays the class).
+_NO_ANSWER = {
+    "ClientConnectorError": "unreachable",
+    "ClientConnectorDNSError": "unreachable (name not resolved)",
+    "ServerDisconnectedError": "closed the connection without answering",
+    "ClientOSError": "reset the connection without answering",
+    "ClientResponseError": "answered with something that is not HTTP",
+}
+
+
+async def handle(request: web.Request) -> web.StreamResponse:
+    """Forward one request; observe it when it is a completion call."""
+    state = request.app[STATE]
+    cfg = state.config
+    clock = state.clock
+    fmt = route(request.method, request.path)
+    state.in_flight += 1
+    timer: StreamTimer | None = None
+    progress = _Progress()
+    outcome, error_type = Outcome.OK, ""
+
+    def start_timer(body: dict[str, object] | None) -> StreamTimer:
+        assert fmt is not None
+        model = None if body is None else fmt.request_model(body)
+        labels = RequestLabels(fmt.operation.value, state.labeler.label(model), state.backend)
+        request_model = model if isinstance(model, str) else ""
+        if state.tracing is not None:
+            return state.tracing.start_timer(
+                request_id(request),
+                labels,
+                arrival_ns=clock(),
+                start_unix_ns=time.time_ns(),
+                sink=state.sink,
+                watcher=state.watcher,
+                request_model=request_model,
+                headers=request.headers,
+                body=body,
+            )
+        return StreamTimer(
+            request_id(request),
+            labels,
+            arrival_ns=clock(),
+            start_unix_ns=time.time_ns(),
+            sink=state.sink,
+            watcher=state.watcher,
+            request_model=request_model,
+        )
+
+    try:
+        try:
+            body = await _read_body(request, cfg.max_body_bytes, cfg.body_timeout_s)
+        except _Refused as exc:
+            if fmt is not None:
+                timer = start_timer(None)
+            outcome, progress.status, error_type = Outcome.REJECTED, exc.status, exc.error_type
+            return json_error(exc.status, exc.error_type, str(exc))
+        upstream_body, injected = body, False
+        if fmt is not None:
+            parsed = _parse_json_object(body)
+            if parsed is None:
+                state.sink.unobserved(state.backend, "body_not_json")
+            else:
+                timer = start_timer(parsed)
+                if state.stalls is not None:
+                    state.stalls.describe(
+                        timer.request_id,
+                        timer.labels,
+                        prompt_tokens_hint=estimate_prompt_tokens(parsed),
+                        streamed=fmt.streams(parsed),
+                    )
+                if fmt.injects_usage and state.inject_usage and wants_injection(parsed):
+                    new_body = inject(body)
+                    if new_body is not None:
+                        upstream_body, injected = new_body, True
+        result = await _forward(request, state, fmt, upstream_body, timer, injected, body, progress)
+        outcome, progress.status, error_type = result.outcome, result.status, result.error_type
+        return result.response
+    except asyncio.CancelledError:
+        outcome = Outcome.CLIENT_DISCONNECT if _client_gone(request) else Outcome.UPSTREAM_ERROR
+        error_type = "client_disconnect" if outcome is Outcome.CLIENT_DISCONNECT else "cancelled"
+        raise
+    finally:
+        state.in_flight -= 1
+        if timer is not None:
+            try:
+                timer.finish(clock(), outcome, progress.status, error_type)
+            except Exception:  # telemetry never breaks traffic
+                log.exception("recording request failed")
+
+
+def _parse_json_object(body: bytes) -> dict[str, object] | None:
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+async def _forward(
+    request: web.Request,
+    state: ProxyState,
+    fmt: Format | None,
+    body: bytes,
+    timer: StreamTimer | None,
+    injected: bool,
+    original_body: bytes,
+    progress: _Progress,
+) -> RelayResult:
+    """Send upstream, relay the response; map failures to statuses or outcomes."""
+    assert state.session is not None, "the upstream session opens with the app"
+    cfg = state.config
+    url = cfg.upstream + str(request.rel_url)
+    headers = upstream_request_headers(
+        request.headers,
+        client_ip=request.remote,
+        scheme=request.scheme,
+        identity=timer is not None,
+    )
+    resp: web.StreamResponse | None = None
+    try:
+        up = await _send(state, request.method, url, headers, body, timer)
+        if injected and up.status in (400, 422):
+            # The backend may not know stream_options: ask again exactly as the client did.
+            await up.read()
+            up.release()
+            retry = await _send(state, request.method, url, headers, original_body, timer)
+            if retry.status < 400:
+                state.inject_usage = False
+                log.warning(
+                    "upstream refused stream_options.include_usage (status %d); "
+                    "usage injection is now off for this backend",
+                    up.status,
+                )
+            up, injected = retry, False
+        clean = False
+        try:
+            content_type = up.headers.get("Content-Type", "")
+            is_sse = content_type.startswith("text/event-stream")
+            encoded = up.headers.get("Content-Encoding", "identity").lower() != "identity"
+            decoding = choose(fmt, content_type) if fmt is not None else None
+            observe = timer is not None and not encoded and decoding is not None
+            if timer is not None and encoded:
+                state.sink.unobserved(state.backend, "encoded_response")
+            elif timer is not None and decoding is None:
+                state.sink.unobserved(state.backend, "content_type")
+            resp = web.StreamResponse(
+                status=up.status,
+                reason=up.reason,
+                headers=client_response_headers(up.headers, keep_length=not (is_sse and injected)),
+            )
+            if is_sse or decoding is Decoding.NDJSON:
+                resp.headers["X-Accel-Buffering"] = "no"
+            await resp.prepare(request)
+            progress.status = resp.status
+            # A body that never ends is cut (outcome timeout) after --max-stream-duration.
+            limit = cfg.max_stream_duration_s or None
+            async with (
+                asyncio.timeout(limit),
+                asyncio.timeout(None) as silence,
+                BodyWatchdog(up.content, silence, cfg.read_timeout_s),
+            ):
+                if not observe or timer is None or fmt is None:
+                    result = await relay_plain(up, resp, judge_status=timer is not None)
+                elif decoding is Decoding.SSE:
+                    timer.streamed = True
+                    result = await relay_sse(up, resp, timer, state, strip_usage=injected, fmt=fmt)
+                elif decoding is Decoding.NDJSON:
+                    timer.streamed = True
+                    result = await relay_ndjson(up, resp, timer, state, fmt)
+                else:
+                    result = await relay_json(up, resp, timer, state, fmt)
+            if result.complete:
+                try:
+                    await resp.write_eof()
+                except ConnectionError:
+                    return RelayResult(resp, Outcome.CLIENT_DISCONNECT, resp.status,
+                                       "client_disconnect", complete=False)  # fmt: skip
+                clean = True
+            return result
+        finally:
+            # A response not read to its end must not go back to the pool: close
+            # it, which also tells the backend to stop generating.
+            if clean:
+                up.release()
+            else:
+                up.close()
+    except TimeoutError:
+        if resp is None:
+            msg = f"upstream did not answer within {cfg.read_timeout_s:g} s (--read-timeout)"
+            return RelayResult(json_error(504, "upstream_timeout", msg), Outcome.TIMEOUT, 504,
+                               "timeout")  # fmt: skip
+        _abort(request, resp)
+        return RelayResult(resp, Outcome.TIMEOUT, resp.status, "timeout")
+    except aiohttp.ClientError as exc:
+        kind = type(exc).__name__
+        if resp is None:
+            msg = f"upstream {cfg.backend_label} {_NO_ANSWER.get(kind, 'failed')}: {kind}"
+            return RelayResult(json_error(502, "upstream_unreachable", msg),
+                               Outcome.UPSTREAM_ERROR, 502, kind)  # fmt: skip
+        _abort(request, resp)
+        return RelayResult(resp, Outcome.UPSTREAM_ERROR, resp.status, kind)
+
+
+async def _send(
+    state: ProxyState,
+    method: str,
+    url: str,
+    headers: CIMultiDict[str],
+    body: bytes,
+    timer: StreamTimer | None,
+) -> aiohttp.ClientResponse:
+    assert state.session is not None
+    tracing = state.tracing
+    if timer is not None:
+        if tracing is not None:
+            tracing.inject(timer, headers)  # the proxy's span becomes the upstream's parent
+        # Stamped as the request is handed to the connection: on a pooled
+        # keep-alive connection the bytes leave within microseconds.
+        timer.forwarded(state.clock())
+    try:
+        up = await state.session.request(
+            method, url, headers=headers, data=body or None,
+            allow_redirects=False, auto_decompress=False, skip_auto_headers=_NO_AUTO_HEADERS,
+        )  # fmt: skip
+    except aiohttp.ServerDisconnectedError:
+        # A pooled keep-alive connection the backend had already closed (llama.cpp
+        # closes after every stream while announcing keep-alive): the request never
+        # got an answer, so it goes once more, on a fresh connection.
+        log.debug("upstream closed a pooled connection before answering; retrying once")
+        up = await state.session.request(
+            method, url, headers=headers, data=body or None,
+            allow_redirects=False, auto_decompress=False, skip_auto_headers=_NO_AUTO_HEADERS,
+        )  # fmt: skip
+    if tracing is not None and timer is not None:
+        tracing.capture(timer, up)
+    return up
+
+
+def create_app(
+    config: ProxyConfig,
+    *,
+    sink: Sink,
+    clock: Callable[[], int] = time.monotonic_ns,
+    watcher: StreamWatcher | None = None,
+    stalls: BackendView | None = None,
+    tracing: Tracing | None = None,
+) -> web.Application:
+    """The proxy application for one upstream; the session opens and closes with it.
+
+    ``tracing`` (built on an injected tracer provider) adds a span per observed
+    request and propagates W3C trace context upstream; without it, none.
+    """
+    app = web.Application(client_max_size=config.max_body_bytes)
+    state = ProxyState(
+        config=config,
+        sink=sink,
+        clock=clock,
+        backend=Backend(provider=config.provider, address=config.backend_label),
+        labeler=ModelLabeler(config.model_label_limit, config.model_allowlist),
+        watcher=watcher,
+        stalls=stalls,
+        tracing=tracing,
+        # llama.cpp moves its `timings` into the usage chunk it is asked for, so
+        # hiding that chunk would hide them: no injection there.
+        inject_usage=config.inject_usage and config.provider not in NO_USAGE_INJECTION,
+    )
+    app[STATE] = state
+
+    async def session_ctx(app: web.Application) -> AsyncIterator[None]:
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=config.connect_timeout_s, sock_read=config.read_timeout_s
+        )
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=60)
+        state.session = aiohttp.ClientSession(
+            timeout=timeout, connector=connector, auto_decompress=False, trust_env=False
+        )
+        yield
+        await state.tasks.cancel_all()
+        await state.session.close()
+
+    app.cleanup_ctx.append(session_ctx)
+
+    async def close_when_draining(request: web.Request, response: web.StreamResponse) -> None:
+        if state.draining:  # tell kept-alive clients to move on before the drain ends
+            response.force_close()
+            # The hook runs after the headers were computed: say it explicitly.
+            response.headers["Connection"] = "close"
+
+    app.on_response_prepare.append(close_when_draining)
+    app.router.add_route("*", "/{tail:.*}", handle)
+    return app

@@ -1,0 +1,297 @@
+"""Running the proxy: listeners, graceful drain on SIGTERM, in-process use.
+
+Drain order on SIGTERM (or SIGINT): readiness turns false first; the proxy
+listener stops accepting; open streams may finish until the drain timeout;
+then everything closes and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from opentelemetry.metrics import MeterProvider
+from opentelemetry.trace import TracerProvider
+from prometheus_client import CollectorRegistry
+
+from exporters.fanout import FanoutSink
+from exporters.otel import OtelMetricsSink
+from exporters.otel_setup import OtelConfigError, Telemetry, build_telemetry
+from exporters.otel_spans import SpanRecorder
+from exporters.prometheus import PrometheusSink
+from proxy.config import ConfigError, HostPort, ProxyConfig
+from proxy.core.backend_view import BackendView
+from proxy.core.records import Backend, Sink
+from proxy.core.stall_detector import StallSettings
+from proxy.core.timing import StreamWatcher
+from proxy.edge.admin import create_admin_app
+from proxy.edge.app import create_app
+from proxy.edge.heap import HeapTrimmer
+from proxy.edge.state import STATE, ProxyState
+from proxy.edge.tracing import Tracing
+from proxy.timeline.buffer import TimelineBuffer, TimelineSettings
+from proxy.timeline.tokenlog import FanoutWatcher
+from proxy.timeline.web import timeline_routes
+
+log = logging.getLogger("tokenstamp.server")
+
+
+class _BadRequestRedactor(logging.Filter):
+    """Keeps credentials out of aiohttp's log of a request it could not parse.
+
+    aiohttp logs a malformed request at ERROR with the parse error, whose text
+    quotes the offending header line: an ``Authorization`` header included. This
+    rewrites such records to the error's type alone.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            record.msg = "bad request from %s: %s (details withheld: they may quote headers)"
+            record.args = (record.args[0] if isinstance(record.args, tuple) and record.args
+                           else "?", type(exc).__name__)  # fmt: skip
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+def _redact_bad_requests() -> None:
+    server_log = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, _BadRequestRedactor) for f in server_log.filters):
+        server_log.addFilter(_BadRequestRedactor())
+
+
+@dataclass(slots=True)
+class RunningProxy:
+    """A started proxy: its URLs, state and registry; ``close`` drains and stops it."""
+
+    config: ProxyConfig
+    """Configuration it runs with."""
+    registry: CollectorRegistry
+    """The registry ``/metrics`` exposes."""
+    state: ProxyState
+    """Shared state of the proxy application."""
+    url: str
+    """Base URL clients use."""
+    admin_url: str
+    """Base URL of the admin listener."""
+    stalls: BackendView | None
+    """The backend view detecting stalls (``None`` with ``--no-stall-detection``)."""
+    _proxy_runner: web.AppRunner = field(repr=False)
+    _admin_runner: web.AppRunner = field(repr=False)
+    telemetry: Telemetry | None = None
+    """OTLP providers built from the configuration (``None`` when off or injected)."""
+    timeline: TimelineBuffer | None = None
+    """What ``/timeline`` shows (``None`` unless ``--timeline``)."""
+
+    async def close(self, drain_timeout_s: float | None = None) -> None:
+        """Stop accepting, let open requests finish (bounded), then stop everything."""
+        timeout = self.config.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
+        self.state.draining = True  # readiness 503; responses now say Connection: close
+        if self.config.drain_delay_s and drain_timeout_s is None:
+            await asyncio.sleep(self.config.drain_delay_s)  # let the load balancer notice
+        for site in list(self._proxy_runner.sites):
+            await site.stop()
+        deadline = time.monotonic() + timeout
+        while self.state.in_flight > 0 and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        if self.state.in_flight:
+            log.warning("drain timeout: %d requests still open, closing them", self.state.in_flight)
+        await self._proxy_runner.cleanup()
+        await self._admin_runner.cleanup()
+        if self.state.tracing is not None:
+            self.state.tracing.close()
+        if self.telemetry is not None:
+            await self.telemetry.shutdown()
+
+
+def _site_url(runner: web.AppRunner, want: HostPort) -> str:
+    for addr in runner.addresses:
+        if isinstance(addr, tuple) and len(addr) >= 2:
+            host = want.host if want.host not in ("0.0.0.0", "::") else "127.0.0.1"
+            return f"http://{host}:{addr[1]}" if ":" not in host else f"http://[{host}]:{addr[1]}"
+    raise RuntimeError("listener has no address")
+
+
+async def _start_site(runner: web.AppRunner, where: HostPort, key: str) -> None:
+    site = web.TCPSite(runner, where.host, where.port, reuse_address=True)
+    try:
+        await site.start()
+    except OSError as exc:
+        raise ConfigError(f"{key}: cannot listen on {where}: {exc.strerror or exc}") from None
+
+
+def stall_settings(config: ProxyConfig) -> StallSettings:
+    """The stall detection knobs of ``config``."""
+    return StallSettings(
+        ratio=config.stall_ratio,
+        floor_s=config.stall_floor_s,
+        tolerance_s=config.stall_tolerance_s,
+    )
+
+
+def stall_view(config: ProxyConfig, sink: Sink) -> BackendView:
+    """The backend view of ``config``'s upstream, reporting to ``sink``."""
+    return BackendView(Backend(config.provider, config.backend_label), sink, stall_settings(config))
+
+
+_FLUSH_EVERY_S = 1.0
+
+
+async def _flush_stalls(view: BackendView, clock: Callable[[], int]) -> None:
+    """Let the view report what became final while no stream event came (an idle backend)."""
+    while True:
+        await asyncio.sleep(_FLUSH_EVERY_S)
+        view.flush(clock())
+
+
+async def _sweep_spans(tracing: Tracing, clock: Callable[[], int]) -> None:
+    """End the spans that lingered long enough for late stall records (an idle proxy)."""
+    while True:
+        await asyncio.sleep(_FLUSH_EVERY_S)
+        tracing.sweep(clock())
+
+
+async def start_proxy(
+    config: ProxyConfig,
+    *,
+    registry: CollectorRegistry | None = None,
+    sink: Sink | None = None,
+    watcher: StreamWatcher | None = None,
+    clock: Callable[[], int] = time.monotonic_ns,
+    tracer_provider: TracerProvider | None = None,
+    meter_provider: MeterProvider | None = None,
+) -> RunningProxy:
+    """Start both listeners in the running loop; raise ``ConfigError`` if one cannot bind.
+
+    ``watcher`` sees every stream's events too, after the stall view. Spans
+    go to ``tracer_provider`` and the metrics also to ``meter_provider``; when
+    neither is given, both come from ``--otlp-endpoint`` and the ``OTEL_*``
+    environment (OTLP export, off without an endpoint), owned and shut down here.
+    """
+    registry = registry if registry is not None else CollectorRegistry()
+    _redact_bad_requests()
+    telemetry = None
+    if tracer_provider is None and meter_provider is None:
+        try:
+            telemetry = build_telemetry(config.otlp_endpoint, os.environ)
+        except OtelConfigError as exc:
+            raise ConfigError(str(exc)) from None
+        if telemetry is not None:
+            tracer_provider, meter_provider = telemetry.tracer_provider, telemetry.meter_provider
+    if sink is None:
+        prom = PrometheusSink(registry)
+        prom.slo_ttft_s = config.slo_ttft_s
+        prom.slo_tpot_s = config.slo_tpot_s
+        sink = prom
+    if meter_provider is not None:
+        otel = OtelMetricsSink(
+            meter_provider,
+            slo_ttft_s=config.slo_ttft_s,
+            slo_tpot_s=config.slo_tpot_s,
+            gaps=telemetry.gaps if telemetry is not None else None,
+        )
+        sink = FanoutSink(sink, otel)
+    timeline = None
+    if config.timeline:  # its stamps come as a watcher, its records through the sink
+        window = TimelineSettings(window_s=config.timeline_window_s)
+        backend = Backend(config.provider, config.backend_label)
+        timeline = TimelineBuffer(backend, window, origin_ns=clock())
+        sink = FanoutSink(sink, timeline.sink)
+    if not isinstance(sink, FanoutSink):
+        # Telemetry never breaks traffic: even a single sink's exceptions are caught,
+        # counted and logged (rate-limited) here, not on the stream's path.
+        sink = FanoutSink(sink)
+    settings = stall_settings(config)
+    tracing = None
+    if tracer_provider is not None:
+        # A finished stream's span waits for the stalls decided after its end.
+        linger_s = settings.max_delay_s + _FLUSH_EVERY_S + settings.tolerance_s
+        spans = SpanRecorder(
+            tracer_provider,
+            linger_s=linger_s if config.stall_detection else 0.0,
+            capture_content=config.capture_content,
+        )
+        tracing = Tracing(spans)
+    # The stall view reports to the metrics and, as events and links, to the spans.
+    view_sink = sink if tracing is None else FanoutSink(sink, tracing.spans)
+    view = stall_view(config, view_sink) if config.stall_detection else None
+    watchers = [w for w in (view, watcher, timeline) if w is not None]
+    combined: StreamWatcher | None = (
+        FanoutWatcher(*watchers) if len(watchers) > 1 else (watchers[0] if watchers else None)
+    )
+    app = create_app(config, sink=sink, clock=clock, watcher=combined, stalls=view, tracing=tracing)
+    state = app[STATE]
+    if view is not None:
+        _ = state.tasks.spawn(_flush_stalls(view, clock), name="tokenstamp-stall-flush")
+    if tracing is not None and tracing.spans.linger_ns:
+        _ = state.tasks.spawn(_sweep_spans(tracing, clock), name="tokenstamp-span-sweep")
+    shown = None if timeline is None else [timeline]
+    admin = create_admin_app(state, registry, extra_routes=timeline_routes(shown, clock=clock))
+    proxy_runner = web.AppRunner(
+        app,
+        handler_cancellation=True,  # a client that goes away cancels its upstream request
+        access_log=None,
+        shutdown_timeout=1.0,
+        # aiohttp closes a connection whose handler still waits for a complete request
+        # head when this runs out: the slowloris guard, and the idle keep-alive.
+        keepalive_timeout=config.header_timeout_s,
+    )
+    admin_runner = web.AppRunner(admin, access_log=None, shutdown_timeout=1.0)
+    await proxy_runner.setup()
+    await admin_runner.setup()
+    try:
+        await _start_site(proxy_runner, config.listen, "--listen")
+        await _start_site(admin_runner, config.admin, "--admin")
+    except ConfigError:
+        await proxy_runner.cleanup()
+        await admin_runner.cleanup()
+        if telemetry is not None:
+            await telemetry.shutdown()
+        raise
+    return RunningProxy(
+        config=config,
+        registry=registry,
+        state=state,
+        url=_site_url(proxy_runner, config.listen),
+        admin_url=_site_url(admin_runner, config.admin),
+        stalls=view,
+        _proxy_runner=proxy_runner,
+        _admin_runner=admin_runner,
+        telemetry=telemetry,
+        timeline=timeline,
+    )
+
+
+async def serve_forever(config: ProxyConfig) -> int:
+    """Run until SIGTERM or SIGINT, drain, return the exit status."""
+    proxy = await start_proxy(config)
+    log.info(
+        "tokenstamp proxying %s -> %s (metrics on %s/metrics)",
+        proxy.url,
+        config.upstream,
+        proxy.admin_url,
+    )
+    if proxy.timeline is not None:
+        log.info("token timeline on %s/timeline", proxy.admin_url)
+    # Process-wide housekeeping, so here and not in start_proxy (which tests and
+    # the demo run several times in one process): see proxy.edge.heap.
+    if config.heap_trim:
+        _ = proxy.state.tasks.spawn(HeapTrimmer().run(), name="tokenstamp-heap-trim")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("draining: up to %g s for %d open requests", config.drain_timeout_s,
+             proxy.state.in_flight)  # fmt: skip
+    await proxy.close()
+    log.info("stopped")
+    return 0

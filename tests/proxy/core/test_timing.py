@@ -1,0 +1,118 @@
+"""The stream timer with a fake clock: TTFT, gaps, TPOT, the record."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.core.decoders.openai import ChunkInfo, Usage
+from proxy.core.records import Backend, Outcome, RequestLabels, RequestRecord
+from proxy.core.timing import StreamTimer
+
+MS = 1_000_000
+LABELS = RequestLabels("chat", "m", Backend("vllm", "b"))
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.started = 0
+        self.gaps: list[float] = []
+        self.records: list[RequestRecord] = []
+
+    def request_started(self, labels):
+        self.started += 1
+
+    def gap(self, labels, gap_s, request_id):
+        self.gaps.append(gap_s)
+
+    def request_finished(self, record):
+        self.records.append(record)
+
+    def decoder_error(self, backend, kind):
+        raise AssertionError
+
+    def unobserved(self, backend, reason):
+        raise AssertionError
+
+
+class Watch:
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def forwarded(self, rid, ns):
+        self.calls.append(("forwarded", ns))
+
+    def first_token(self, rid, ns):
+        self.calls.append(("first", ns))
+
+    def gap(self, rid, a, b):
+        self.calls.append(("gap", a, b))
+
+    def finished(self, rid, ns):
+        self.calls.append(("finished", ns))
+
+
+OUT = ChunkInfo(output=True)
+
+
+def run(stamps_ms: list[int], usage: Usage | None = None):
+    sink, watch = Recorder(), Watch()
+    t = StreamTimer("r1", LABELS, arrival_ns=0, start_unix_ns=5, sink=sink, watcher=watch)
+    t.forwarded(1 * MS)
+    t.chunk(ChunkInfo(output=False, model="m-resp", response_id="id1"), 2 * MS)  # role chunk
+    for s in stamps_ms:
+        t.chunk(OUT, s * MS)
+    if usage is not None:
+        t.chunk(ChunkInfo(output=False, usage=usage, usage_only=True), stamps_ms[-1] * MS)
+    rec = t.finish(stamps_ms[-1] * MS + MS, Outcome.OK, 200)
+    return rec, sink, watch
+
+
+def test_seed_single_request_figures():
+    # 320 ms to the first token, then 479 tokens at 22 ms: the seed's first table.
+    stamps = [320 + 22 * i for i in range(480)]
+    rec, sink, watch = run(stamps)
+    assert rec.ttft_s == pytest.approx(0.320)
+    assert rec.upstream_ttft_s == pytest.approx(0.319)
+    assert rec.tpot_s == pytest.approx(0.022)
+    assert rec.gap_count == 479
+    assert sink.gaps == pytest.approx([0.022] * 479)
+    assert rec.duration_s == pytest.approx(0.320 + 0.022 * 479 + 0.001)
+    assert rec.response_model == "m-resp"
+    assert rec.response_id == "id1"
+    assert watch.calls[0] == ("forwarded", MS)
+    assert watch.calls[1] == ("first", 320 * MS)
+    assert watch.calls[2] == ("gap", 320 * MS, 342 * MS)
+    assert watch.calls[-1][0] == "finished"
+
+
+def test_tpot_uses_backend_token_count():
+    # 3 output events but the backend says 7 tokens (events can carry several tokens).
+    rec, _, _ = run([100, 160, 220], Usage(prompt_tokens=4, completion_tokens=7, cached_tokens=0))
+    assert rec.output_tokens == 7
+    assert rec.tpot_s == pytest.approx(0.120 / 6)
+    assert rec.prefix_cache == "miss"
+    assert rec.max_gap_s == pytest.approx(0.060)
+
+
+def test_one_token_has_no_tpot_and_no_gaps():
+    rec, sink, _ = run([50])
+    assert rec.tpot_s is None
+    assert rec.gap_count == 0
+    assert sink.gaps == []
+    assert rec.prefix_cache == "unknown"
+
+
+def test_same_read_events_share_a_stamp():
+    _rec, sink, _ = run([100, 100, 130])
+    assert sink.gaps == [0.0, 0.03]
+
+
+def test_no_output_means_no_ttft():
+    sink = Recorder()
+    t = StreamTimer("r", LABELS, arrival_ns=0, start_unix_ns=0, sink=sink)
+    rec = t.finish(10, Outcome.UPSTREAM_ERROR, 502, "x")
+    assert rec.ttft_s is None
+    assert rec.upstream_ttft_s is None
+    assert rec.tpot_s is None
+    assert sink.started == 1
+    assert sink.records == [rec]
