@@ -2,7 +2,6 @@
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-APT_PACKAGES := prometheus nodejs npm chromium
 
 .PHONY: demo test test-vllm install-vllm install install-test deps-system lint fmt bench clean dashboards chart-sync
 
@@ -17,13 +16,21 @@ install: $(BIN)/python
 demo: install
 	$(BIN)/tokenstamp demo
 
-## System packages the tests need (prometheus server and promtool).
+## System packages the tests need (prometheus server and promtool, node + npm for the
+## dashboard schema check, chromium for the timeline's browser test). Only what is
+## missing is installed: a machine whose node comes from another repository (with its
+## own npm) must not be handed Debian's npm, which conflicts with it.
+SYSTEM_NEEDS := prometheus:prometheus promtool:prometheus node:nodejs npm:npm chromium:chromium
 deps-system:
-	@if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1 \
-		|| ! command -v npm >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1; then \
+	@missing=""; for need in $(SYSTEM_NEEDS); do \
+		cmd=$${need%%:*}; pkg=$${need##*:}; \
+		command -v $$cmd >/dev/null 2>&1 || case " $$missing " in *" $$pkg "*) ;; *) missing="$$missing $$pkg";; esac; \
+	done; \
+	if [ -n "$$missing" ]; then \
 		if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi; \
+		echo "installing Debian packages:$$missing"; \
 		$$SUDO apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $(APT_PACKAGES); \
+		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
 install-test: $(BIN)/python deps-system
