@@ -40,9 +40,26 @@ from proxy.core.records import Backend, Outcome, RequestLabels, Sink
 from proxy.core.timing import StreamTimer, StreamWatcher
 from proxy.core.usage import inject, wants_injection
 from proxy.edge.headers import client_response_headers, upstream_request_headers
-from proxy.edge.relay import RelayResult, relay_json, relay_ndjson, relay_plain, relay_sse
+from proxy.edge.relay import (
+    BodyRelay,
+    JsonRelay,
+    NdjsonRelay,
+    RelayResult,
+    SseRelay,
+    by_status,
+    relay_plain,
+    stream_failed,
+)
 from proxy.edge.state import STATE, ProxyState
-from proxy.edge.watchdog import BodyWatchdog
+from proxy.edge.upstream import (
+    DisconnectedBeforeHead,
+    ResetBeforeHead,
+    UpstreamConnection,
+    UpstreamError,
+    UpstreamPool,
+    request_head,
+)
+from proxy.edge.watchdog import BodyWatchdog, waiting_for_data
 
 if TYPE_CHECKING:
     from proxy.edge.tracing import Tracing
@@ -244,68 +261,41 @@ async def _forward(
     progress: _Progress,
 ) -> RelayResult:
     """Send upstream, relay the response; map failures to statuses or outcomes."""
+    if timer is not None and fmt is not None and state.pool is not None:
+        return await _forward_observed(
+            request, state, fmt, body, timer, injected, original_body, progress
+        )
     assert state.session is not None, "the upstream session opens with the app"
     cfg = state.config
     url = cfg.upstream + str(request.rel_url)
     headers = upstream_request_headers(
-        request.headers,
-        client_ip=request.remote,
-        scheme=request.scheme,
-        identity=timer is not None,
+        request.headers, client_ip=request.remote, scheme=request.scheme, identity=False
     )
     resp: web.StreamResponse | None = None
     try:
-        up = await _send(state, request.method, url, headers, body, timer)
-        if injected and up.status in (400, 422):
-            # The backend may not know stream_options: ask again exactly as the client did.
-            await up.read()
-            up.release()
-            retry = await _send(state, request.method, url, headers, original_body, timer)
-            if retry.status < 400:
-                state.inject_usage = False
-                log.warning(
-                    "upstream refused stream_options.include_usage (status %d); "
-                    "usage injection is now off for this backend",
-                    up.status,
-                )
-            up, injected = retry, False
+        up = await _send(state, request.method, url, headers, body)
         clean = False
         try:
-            content_type = up.headers.get("Content-Type", "")
-            is_sse = content_type.startswith("text/event-stream")
-            encoded = up.headers.get("Content-Encoding", "identity").lower() != "identity"
-            decoding = choose(fmt, content_type) if fmt is not None else None
-            observe = timer is not None and not encoded and decoding is not None
-            if timer is not None and encoded:
-                state.sink.unobserved(state.backend, "encoded_response")
-            elif timer is not None and decoding is None:
-                state.sink.unobserved(state.backend, "content_type")
             resp = web.StreamResponse(
                 status=up.status,
                 reason=up.reason,
-                headers=client_response_headers(up.headers, keep_length=not (is_sse and injected)),
+                headers=client_response_headers(up.headers, keep_length=True),
             )
-            if is_sse or decoding is Decoding.NDJSON:
-                resp.headers["X-Accel-Buffering"] = "no"
             await resp.prepare(request)
             progress.status = resp.status
-            # A body that never ends is cut (outcome timeout) after --max-stream-duration.
             limit = cfg.max_stream_duration_s or None
+            body_in = up.content
             async with (
                 asyncio.timeout(limit),
                 asyncio.timeout(None) as silence,
-                BodyWatchdog(up.content, silence, cfg.read_timeout_s),
+                BodyWatchdog(
+                    lambda: body_in.total_bytes,
+                    lambda: waiting_for_data(body_in),
+                    silence,
+                    cfg.read_timeout_s,
+                ),
             ):
-                if not observe or timer is None or fmt is None:
-                    result = await relay_plain(up, resp, judge_status=timer is not None)
-                elif decoding is Decoding.SSE:
-                    timer.streamed = True
-                    result = await relay_sse(up, resp, timer, state, strip_usage=injected, fmt=fmt)
-                elif decoding is Decoding.NDJSON:
-                    timer.streamed = True
-                    result = await relay_ndjson(up, resp, timer, state, fmt)
-                else:
-                    result = await relay_json(up, resp, timer, state, fmt)
+                result = await relay_plain(up, resp)
             if result.complete:
                 try:
                     await resp.write_eof()
@@ -315,47 +305,212 @@ async def _forward(
                 clean = True
             return result
         finally:
-            # A response not read to its end must not go back to the pool: close
-            # it, which also tells the backend to stop generating.
             if clean:
                 up.release()
             else:
                 up.close()
     except TimeoutError:
         if resp is None:
-            msg = f"upstream did not answer within {cfg.read_timeout_s:g} s (--read-timeout)"
-            return RelayResult(json_error(504, "upstream_timeout", msg), Outcome.TIMEOUT, 504,
-                               "timeout")  # fmt: skip
+            return _no_answer_in_time(cfg.read_timeout_s)
         _abort(request, resp)
         return RelayResult(resp, Outcome.TIMEOUT, resp.status, "timeout")
     except aiohttp.ClientError as exc:
         kind = type(exc).__name__
         if resp is None:
-            msg = f"upstream {cfg.backend_label} {_NO_ANSWER.get(kind, 'failed')}: {kind}"
-            return RelayResult(json_error(502, "upstream_unreachable", msg),
-                               Outcome.UPSTREAM_ERROR, 502, kind)  # fmt: skip
+            return _no_answer(cfg.backend_label, kind)
         _abort(request, resp)
         return RelayResult(resp, Outcome.UPSTREAM_ERROR, resp.status, kind)
 
 
-async def _send(
+def _no_answer_in_time(read_timeout_s: float) -> RelayResult:
+    msg = f"upstream did not answer within {read_timeout_s:g} s (--read-timeout)"
+    return RelayResult(json_error(504, "upstream_timeout", msg), Outcome.TIMEOUT, 504, "timeout")
+
+
+def _no_answer(backend_label: str, kind: str) -> RelayResult:
+    msg = f"upstream {backend_label} {_NO_ANSWER.get(kind, 'failed')}: {kind}"
+    return RelayResult(
+        json_error(502, "upstream_unreachable", msg), Outcome.UPSTREAM_ERROR, 502, kind
+    )
+
+
+async def _forward_observed(
+    request: web.Request,
     state: ProxyState,
-    method: str,
-    url: str,
+    fmt: Format,
+    body: bytes,
+    timer: StreamTimer,
+    injected: bool,
+    original_body: bytes,
+    progress: _Progress,
+) -> RelayResult:
+    """An observed request: sent on the proxy's own upstream client, its body relayed and
+    observed read by read inside the upstream connection's callbacks (``proxy.edge.relay``)."""
+    cfg = state.config
+    headers = upstream_request_headers(
+        request.headers, client_ip=request.remote, scheme=request.scheme, identity=True
+    )
+    resp: web.StreamResponse | None = None
+    conn: UpstreamConnection | None = None
+    clean = False
+    try:
+        conn = await _send_observed(state, request, headers, body, timer)
+        if injected and conn.status in (400, 422):
+            # The backend may not know stream_options: ask again exactly as the client did.
+            await conn.discard_body()
+            refused = conn.status
+            _release(state, conn)
+            conn = await _send_observed(state, request, headers, original_body, timer)
+            if conn.status < 400:
+                state.inject_usage = False
+                log.warning(
+                    "upstream refused stream_options.include_usage (status %d); "
+                    "usage injection is now off for this backend",
+                    refused,
+                )
+            injected = False
+        up_headers = conn.headers
+        content_type = up_headers.get("Content-Type", "")
+        is_sse = content_type.startswith("text/event-stream")
+        encoded = up_headers.get("Content-Encoding", "identity").lower() != "identity"
+        decoding = choose(fmt, content_type)
+        if encoded:
+            state.sink.unobserved(state.backend, "encoded_response")
+        elif decoding is None:
+            state.sink.unobserved(state.backend, "content_type")
+        resp = web.StreamResponse(
+            status=conn.status,
+            reason=conn.reason,
+            headers=client_response_headers(up_headers, keep_length=not (is_sse and injected)),
+        )
+        if is_sse or decoding is Decoding.NDJSON:
+            resp.headers["X-Accel-Buffering"] = "no"
+        writer = await resp.prepare(request)
+        progress.status = resp.status
+        client = request.transport
+        if writer is None or client is None or client.is_closing():
+            return _client_left(resp)
+        chunked = bool(getattr(writer, "chunked", False))
+        capture = state.tracing.capture_buffer(timer) if state.tracing is not None else None
+        relay: BodyRelay
+        if encoded or decoding is None:
+            relay = BodyRelay(conn, client, chunked=chunked, capture=capture)
+        elif decoding is Decoding.SSE:
+            timer.streamed = True
+            relay = SseRelay(conn, client, timer, state, fmt, chunked=chunked,
+                             strip_usage=injected, capture=capture)  # fmt: skip
+        elif decoding is Decoding.NDJSON:
+            timer.streamed = True
+            relay = NdjsonRelay(conn, client, timer, state, fmt, chunked=chunked, capture=capture)
+        else:
+            relay = JsonRelay(conn, client, timer, state, fmt, chunked=chunked, capture=capture)
+        # A body that never ends is cut (outcome timeout) after --max-stream-duration.
+        limit = cfg.max_stream_duration_s or None
+        watched = conn
+        async with (
+            asyncio.timeout(limit),
+            asyncio.timeout(None) as silence,
+            BodyWatchdog(
+                lambda: watched.received_bytes,
+                lambda: relay.waiting_for_data,
+                silence,
+                cfg.read_timeout_s,
+            ),
+        ):
+            complete = await relay.run(writer)
+        if not complete:
+            return _client_left(resp)
+        if timer.stream_error and (decoding is not Decoding.JSON or resp.status < 400):
+            result = stream_failed(resp, timer, state)
+        else:
+            result = by_status(resp)
+        try:
+            await resp.write_eof()
+        except ConnectionError:
+            return _client_left(resp)
+        clean = True
+        return result
+    except TimeoutError:
+        if resp is None:
+            return _no_answer_in_time(cfg.read_timeout_s)
+        _abort(request, resp)
+        return RelayResult(resp, Outcome.TIMEOUT, resp.status, "timeout")
+    except UpstreamError as exc:
+        if resp is None:
+            return _no_answer(cfg.backend_label, exc.kind)
+        _abort(request, resp)
+        return RelayResult(resp, Outcome.UPSTREAM_ERROR, resp.status, exc.kind)
+    finally:
+        # A response not read to its end must not go back to the pool: close it,
+        # which also tells the backend to stop generating.
+        if conn is not None:
+            conn.detach()
+            if clean:
+                _release(state, conn)
+            else:
+                conn.close()
+
+
+def _client_left(resp: web.StreamResponse) -> RelayResult:
+    return RelayResult(
+        resp, Outcome.CLIENT_DISCONNECT, resp.status, "client_disconnect", complete=False
+    )
+
+
+def _release(state: ProxyState, conn: UpstreamConnection) -> None:
+    if state.pool is not None:
+        state.pool.release(conn)
+    else:
+        conn.close()
+
+
+async def _send_observed(
+    state: ProxyState,
+    request: web.Request,
     headers: CIMultiDict[str],
     body: bytes,
-    timer: StreamTimer | None,
-) -> aiohttp.ClientResponse:
-    assert state.session is not None
-    tracing = state.tracing
-    if timer is not None:
-        if tracing is not None:
-            tracing.inject(timer, headers)  # the proxy's span becomes the upstream's parent
+    timer: StreamTimer,
+) -> UpstreamConnection:
+    """Send an observed request and wait for the response head (at most --read-timeout)."""
+    pool = state.pool
+    assert pool is not None
+    if state.tracing is not None:
+        state.tracing.inject(timer, headers)  # the proxy's span becomes the upstream's parent
+    target = pool.path_prefix + str(request.rel_url)
+    head = request_head(request.method, target, pool.host_header, headers, len(body))
+    conn = await pool.acquire()
+    for attempt in (0, 1):
+        pooled = conn.idle_since > 0
         # Stamped as the request is handed to the connection: on a pooled
         # keep-alive connection the bytes leave within microseconds.
         timer.forwarded(state.clock())
+        try:
+            async with asyncio.timeout(state.config.read_timeout_s):
+                await conn.send(head, body)
+        except (DisconnectedBeforeHead, ResetBeforeHead) as exc:
+            conn.close()
+            # A pooled keep-alive connection the backend had already closed (llama.cpp
+            # closes after every stream while announcing keep-alive): the request never
+            # got an answer, so it goes once more, on a fresh connection.
+            if attempt or not (pooled or isinstance(exc, DisconnectedBeforeHead)):
+                raise
+            log.debug("upstream closed a connection before answering; retrying once")
+            conn = await pool.connect()
+            continue
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+    raise AssertionError("unreachable")
+
+
+async def _send(
+    state: ProxyState, method: str, url: str, headers: CIMultiDict[str], body: bytes
+) -> aiohttp.ClientResponse:
+    """Send an unobserved request on aiohttp's client."""
+    assert state.session is not None
     try:
-        up = await state.session.request(
+        return await state.session.request(
             method, url, headers=headers, data=body or None,
             allow_redirects=False, auto_decompress=False, skip_auto_headers=_NO_AUTO_HEADERS,
         )  # fmt: skip
@@ -364,13 +519,10 @@ async def _send(
         # closes after every stream while announcing keep-alive): the request never
         # got an answer, so it goes once more, on a fresh connection.
         log.debug("upstream closed a pooled connection before answering; retrying once")
-        up = await state.session.request(
+        return await state.session.request(
             method, url, headers=headers, data=body or None,
             allow_redirects=False, auto_decompress=False, skip_auto_headers=_NO_AUTO_HEADERS,
         )  # fmt: skip
-    if tracing is not None and timer is not None:
-        tracing.capture(timer, up)
-    return up
 
 
 def create_app(
@@ -411,8 +563,12 @@ def create_app(
         state.session = aiohttp.ClientSession(
             timeout=timeout, connector=connector, auto_decompress=False, trust_env=False
         )
+        state.pool = UpstreamPool(
+            config.upstream, connect_timeout_s=config.connect_timeout_s, clock=clock
+        )
         yield
         await state.tasks.cancel_all()
+        state.pool.close()
         await state.session.close()
 
     app.cleanup_ctx.append(session_ctx)

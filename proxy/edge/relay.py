@@ -1,27 +1,35 @@
 """Relaying an upstream response body to the client: plain, timed SSE or NDJSON, timed JSON.
 
-The hot path. Per read: stamp, write, then look (with usage stripping on, the
-read is split at event boundaries before writing: see ``proxy.core.usage``).
-``resp.write`` waits when the client's socket buffer is full, so a slow client
-slows the upstream read of its own stream only, and memory stays bounded.
+The hot path. An observed body arrives through ``proxy.edge.upstream``'s
+callbacks: per read, the connection stamps it, then a ``BodyRelay`` writes it
+to the client's transport and only then looks at it (with usage stripping on,
+the read is split at event boundaries before writing: see ``proxy.core.usage``),
+all inside one ``data_received``. When the client's socket buffer is full,
+upstream reading pauses until it drains, so a slow client slows its own
+stream only and memory stays bounded. Unobserved bodies keep aiohttp's client
+(``relay_plain``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
 
-from proxy.core.decoders.ndjson import NdjsonDecoder
-from proxy.core.decoders.openai import OUTPUT, ChunkInfo
-from proxy.core.decoders.registry import OPENAI_CHAT, Format, interpret_json_body
-from proxy.core.decoders.sse import SseDecoder
+from proxy.core.decoders.ndjson import NdjsonDecoder, NdjsonLine
+from proxy.core.decoders.openai import OUTPUT
+from proxy.core.decoders.registry import Format, interpret_json_body
+from proxy.core.decoders.sse import SseDecoder, SseEvent
 from proxy.core.records import Outcome
 from proxy.core.timing import StreamTimer
 from proxy.core.usage import EventCutter
+from proxy.edge.tracing import CAPTURE_BYTES
+from proxy.edge.upstream import UpstreamConnection, UpstreamError
 
 if TYPE_CHECKING:
     from proxy.edge.state import ProxyState
@@ -52,201 +60,344 @@ def _disconnected(resp: web.StreamResponse) -> RelayResult:
     )
 
 
-async def relay_plain(
-    up: aiohttp.ClientResponse, resp: web.StreamResponse, *, judge_status: bool = False
-) -> RelayResult:
-    """Copy the body unchanged, read by read (``judge_status``: a 5xx is an upstream error)."""
+async def relay_plain(up: aiohttp.ClientResponse, resp: web.StreamResponse) -> RelayResult:
+    """Copy an unobserved body unchanged, read by read (aiohttp's client: not the hot path)."""
     content = up.content
     while True:
         chunk = await content.readany()
         if not chunk:
-            return _by_status(resp) if judge_status else RelayResult(resp, Outcome.OK, resp.status)
+            return RelayResult(resp, Outcome.OK, resp.status)
         try:
             await resp.write(chunk)
         except ConnectionError:
             return _disconnected(resp)
 
 
-async def relay_sse(
-    up: aiohttp.ClientResponse,
-    resp: web.StreamResponse,
-    timer: StreamTimer,
-    state: ProxyState,
-    *,
-    strip_usage: bool,
-    fmt: Format = OPENAI_CHAT,
-) -> RelayResult:
-    """Copy an event stream unchanged while timing every output event of ``fmt``."""
-    interpret = fmt.interpret
-    clock = state.clock
-    sink = state.sink
-    backend = state.backend
-    decoder = SseDecoder(state.config.max_event_bytes)
-    cutter = EventCutter() if strip_usage else None
-    content = up.content
-    oversized = 0
-    while True:
-        chunk = await content.readany()
-        now_ns = clock()
-        if not chunk:
-            break
-        if cutter is None:
-            try:
-                await resp.write(chunk)
-            except ConnectionError:
-                return _disconnected(resp)
-            events = decoder.feed(chunk)
-            known = bool(timer.response_id or timer.response_model)
-            infos: list[ChunkInfo | None] = [
-                interpret(ev.data, ev.event, known_ids=known) for ev in events
-            ]
-        else:
-            events = decoder.feed(chunk)
-            infos = []
-            known = bool(timer.response_id or timer.response_model)
-            for ev in events:
-                info = interpret(ev.data, ev.event, known_ids=known)
-                infos.append(info)
-                if info is not None and info.usage_only:
-                    if '"timings"' in ev.data:
-                        # The backend moved more than usage into the chunk we asked
-                        # for (llama.cpp): hiding it would hide that too. Let it
-                        # through, and stop asking this backend.
-                        if state.inject_usage:
-                            state.inject_usage = False
-                            log.warning(
-                                "upstream put timings into the usage chunk; usage "
-                                "injection is now off for this backend"
-                            )
-                    else:
-                        cutter.cut(ev.start_offset, ev.end_offset, ev.open_cr)
-            out = cutter.push(chunk, decoder.boundary_offset)
-            if out:
+class BodyRelay:
+    """A ``BodyConsumer``: writes each piece of an upstream body to the client as it is read.
+
+    Runs inside the upstream connection's ``data_received``: no await, no task
+    wake-up per read. Subclasses look at the bytes after writing them. The
+    coroutine ``run`` only waits for the end, or for the client to drain when
+    its socket buffer is full (then upstream reading is paused meanwhile, so a
+    slow client slows its own stream only and memory stays bounded).
+    """
+
+    __slots__ = (
+        "_capture",
+        "_chunked",
+        "_client",
+        "_conn",
+        "_error",
+        "_finished",
+        "_gone",
+        "_high",
+        "_waiter",
+    )
+
+    def __init__(
+        self,
+        conn: UpstreamConnection,
+        client: asyncio.Transport,
+        *,
+        chunked: bool,
+        capture: bytearray | None = None,
+    ) -> None:
+        self._conn = conn
+        self._client = client
+        self._chunked = chunked
+        self._capture = capture
+        self._high = client.get_write_buffer_limits()[1]
+        self._waiter: asyncio.Future[None] | None = None
+        self._finished = False
+        self._gone = False
+        self._error: UpstreamError | None = None
+
+    def write(self, data: bytes) -> None:
+        """Send ``data`` to the client now (framed as one chunk when the response is chunked)."""
+        if not data or self._gone:
+            return
+        client = self._client
+        if client.is_closing():
+            self._gone = True
+            self._conn.pause_reading()
+            self._wake()
+            return
+        client.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
+        capture = self._capture
+        if capture is not None and len(capture) < CAPTURE_BYTES:
+            capture += data[: CAPTURE_BYTES - len(capture)]
+        if client.get_write_buffer_size() > self._high:
+            self._conn.pause_reading()
+            self._wake()
+
+    def body(self, data: bytes, read_ns: int) -> None:
+        """Relay one piece unchanged (subclasses also look at it)."""
+        self.write(data)
+
+    def end(self, error: UpstreamError | None) -> None:
+        """The body ended (``error`` when it broke off)."""
+        self._finished = True
+        self._error = error
+        self._wake()
+
+    def finish(self) -> None:
+        """What is left to write and look at once the body is complete."""
+
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def run(self, writer: AbstractStreamWriter) -> bool:
+        """Relay until the body ends; ``False`` when the client went away first.
+
+        Raises the upstream's ``UpstreamError`` when the body broke off.
+        """
+        conn = self._conn
+        conn.consume(self)
+        loop = asyncio.get_running_loop()
+        while True:
+            if self._gone:
+                return False
+            if self._finished:
+                break
+            if conn.paused:
                 try:
-                    await resp.write(out)
+                    await writer.drain()
                 except ConnectionError:
-                    return _disconnected(resp)
-        for info in infos:
-            if info is OUTPUT:
-                timer.output(now_ns)
-            elif info is None:
-                sink.decoder_error(backend, "invalid_json")
-            else:
-                timer.chunk(info, now_ns)
-        if decoder.errors != oversized:
-            for _ in range(decoder.errors - oversized):
-                sink.decoder_error(backend, "oversized_event")
-            oversized = decoder.errors
-    if cutter is not None:
-        rest = cutter.flush()
-        if rest:
+                    return False
+                if self._client.is_closing():
+                    return False
+                conn.resume_reading()
+                continue
+            self._waiter = loop.create_future()
             try:
-                await resp.write(rest)
-            except ConnectionError:
-                return _disconnected(resp)
-    if timer.stream_error:
-        return _stream_failed(resp, timer, state)
-    return _by_status(resp)
+                await self._waiter
+            finally:
+                self._waiter = None
+        if self._error is not None:
+            raise self._error
+        self.finish()
+        return not self._gone
+
+    @property
+    def waiting_for_data(self) -> bool:
+        """The relay waits on the upstream (not on the client, not done): the watchdog's cue."""
+        return not self._finished and not self._conn.paused
 
 
-async def relay_ndjson(
-    up: aiohttp.ClientResponse,
-    resp: web.StreamResponse,
-    timer: StreamTimer,
-    state: ProxyState,
-    fmt: Format,
-) -> RelayResult:
-    """Copy a newline-delimited JSON stream unchanged while timing every output event."""
-    interpret = fmt.interpret
-    clock = state.clock
-    sink = state.sink
-    backend = state.backend
-    decoder = NdjsonDecoder(state.config.max_event_bytes)
-    content = up.content
-    oversized = 0
-    while True:
-        chunk = await content.readany()
-        now_ns = clock()
-        if chunk:
-            try:
-                await resp.write(chunk)
-            except ConnectionError:
-                return _disconnected(resp)
-            lines = decoder.feed(chunk)
+class SseRelay(BodyRelay):
+    """Relays an event stream while timing every output event of ``fmt``."""
+
+    __slots__ = (
+        "_backend",
+        "_cutter",
+        "_decoder",
+        "_interpret",
+        "_oversized",
+        "_sink",
+        "_state",
+        "_timer",
+    )
+
+    def __init__(
+        self,
+        conn: UpstreamConnection,
+        client: asyncio.Transport,
+        timer: StreamTimer,
+        state: ProxyState,
+        fmt: Format,
+        *,
+        chunked: bool,
+        strip_usage: bool,
+        capture: bytearray | None = None,
+    ) -> None:
+        super().__init__(conn, client, chunked=chunked, capture=capture)
+        self._timer = timer
+        self._state = state
+        self._sink = state.sink
+        self._backend = state.backend
+        self._interpret = fmt.interpret
+        self._decoder = SseDecoder(state.config.max_event_bytes)
+        self._cutter = EventCutter() if strip_usage else None
+        self._oversized = 0
+
+    def body(self, data: bytes, read_ns: int) -> None:
+        """Write first (minus a usage event the proxy asked for), then time the events."""
+        decoder = self._decoder
+        timer = self._timer
+        interpret = self._interpret
+        cutter = self._cutter
+        if cutter is None:
+            self.write(data)
+            events = decoder.feed(data)
+            if events:
+                known = bool(timer.response_id or timer.response_model)
+                for ev in events:
+                    info = interpret(ev.data, ev.event, known_ids=known)
+                    if info is OUTPUT:
+                        timer.output(read_ns)
+                    elif info is None:
+                        self._sink.decoder_error(self._backend, "invalid_json")
+                    else:
+                        timer.chunk(info, read_ns)
         else:
-            lines = decoder.close()  # the last line may lack its LF
+            # An event is removed whole, so bytes of one still in progress are held
+            # (see ``proxy.core.usage``): decode before writing.
+            events = decoder.feed(data)
+            known = bool(timer.response_id or timer.response_model)
+            infos = [interpret(ev.data, ev.event, known_ids=known) for ev in events]
+            for ev, info in zip(events, infos, strict=True):
+                if info is not None and info.usage_only:
+                    self._cut(cutter, ev)
+            self.write(cutter.push(data, decoder.boundary_offset))
+            for info in infos:
+                if info is OUTPUT:
+                    timer.output(read_ns)
+                elif info is None:
+                    self._sink.decoder_error(self._backend, "invalid_json")
+                else:
+                    timer.chunk(info, read_ns)
+        if decoder.errors != self._oversized:
+            for _ in range(decoder.errors - self._oversized):
+                self._sink.decoder_error(self._backend, "oversized_event")
+            self._oversized = decoder.errors
+
+    def _cut(self, cutter: EventCutter, ev: SseEvent) -> None:
+        state = self._state
+        if '"timings"' in ev.data:
+            # The backend moved more than usage into the chunk we asked for
+            # (llama.cpp): hiding it would hide that too. Let it through, and stop
+            # asking this backend.
+            if state.inject_usage:
+                state.inject_usage = False
+                log.warning(
+                    "upstream put timings into the usage chunk; usage "
+                    "injection is now off for this backend"
+                )
+            return
+        cutter.cut(ev.start_offset, ev.end_offset, ev.open_cr)
+
+    def finish(self) -> None:
+        """Release what the cutter still holds (an event cut off by the end of the body)."""
+        if self._cutter is not None:
+            self.write(self._cutter.flush())
+
+
+class NdjsonRelay(BodyRelay):
+    """Relays a newline-delimited JSON stream while timing every output event."""
+
+    __slots__ = ("_decoder", "_interpret", "_last_ns", "_oversized", "_state", "_timer")
+
+    def __init__(
+        self,
+        conn: UpstreamConnection,
+        client: asyncio.Transport,
+        timer: StreamTimer,
+        state: ProxyState,
+        fmt: Format,
+        *,
+        chunked: bool,
+        capture: bytearray | None = None,
+    ) -> None:
+        super().__init__(conn, client, chunked=chunked, capture=capture)
+        self._timer = timer
+        self._state = state
+        self._interpret = fmt.interpret
+        self._decoder = NdjsonDecoder(state.config.max_event_bytes)
+        self._oversized = 0
+        self._last_ns = 0
+
+    def body(self, data: bytes, read_ns: int) -> None:
+        """Write first, then time the complete lines."""
+        self.write(data)
+        self._last_ns = read_ns
+        self._observe(self._decoder.feed(data), read_ns)
+
+    def finish(self) -> None:
+        """The last line may lack its LF."""
+        self._observe(self._decoder.close(), self._state.clock())
+
+    def _observe(self, lines: list[NdjsonLine], read_ns: int) -> None:
+        timer = self._timer
+        sink = self._state.sink
+        backend = self._state.backend
         known = bool(timer.response_id or timer.response_model)
         for line in lines:
-            info = interpret(line.text, "", known_ids=known)
+            info = self._interpret(line.text, "", known_ids=known)
             if info is OUTPUT:
-                timer.output(now_ns)
+                timer.output(read_ns)
             elif info is None:
                 sink.decoder_error(backend, "invalid_json")
             else:
-                timer.chunk(info, now_ns)
-        if decoder.errors != oversized:
-            for _ in range(decoder.errors - oversized):
+                timer.chunk(info, read_ns)
+        decoder = self._decoder
+        if decoder.errors != self._oversized:
+            for _ in range(decoder.errors - self._oversized):
                 sink.decoder_error(backend, "oversized_event")
-            oversized = decoder.errors
-        if not chunk:
-            break
-    if timer.stream_error:
-        return _stream_failed(resp, timer, state)
-    return _by_status(resp)
+            self._oversized = decoder.errors
 
 
-async def relay_json(
-    up: aiohttp.ClientResponse,
-    resp: web.StreamResponse,
-    timer: StreamTimer,
-    state: ProxyState,
-    fmt: Format = OPENAI_CHAT,
-) -> RelayResult:
-    """Copy a non-streaming body unchanged; read usage from it at the end.
+class JsonRelay(BodyRelay):
+    """Relays a non-streaming body unchanged; reads usage from it at the end.
 
     A copy of at most ``max_event_bytes`` is kept for parsing; a larger body
     is relayed all the same and counted as undecodable.
     """
-    limit = state.config.max_event_bytes
-    content = up.content
-    copy = bytearray()
-    too_big = False
-    while True:
-        chunk = await content.readany()
-        if not chunk:
-            break
-        try:
-            await resp.write(chunk)
-        except ConnectionError:
-            return _disconnected(resp)
-        if not too_big:
-            if len(copy) + len(chunk) > limit:
-                too_big = True
-                copy.clear()
+
+    __slots__ = ("_copy", "_fmt", "_limit", "_state", "_timer", "_too_big")
+
+    def __init__(
+        self,
+        conn: UpstreamConnection,
+        client: asyncio.Transport,
+        timer: StreamTimer,
+        state: ProxyState,
+        fmt: Format,
+        *,
+        chunked: bool,
+        capture: bytearray | None = None,
+    ) -> None:
+        super().__init__(conn, client, chunked=chunked, capture=capture)
+        self._timer = timer
+        self._state = state
+        self._fmt = fmt
+        self._limit = state.config.max_event_bytes
+        self._copy = bytearray()
+        self._too_big = False
+
+    def body(self, data: bytes, read_ns: int) -> None:
+        """Write, and keep a bounded copy."""
+        self.write(data)
+        if not self._too_big:
+            if len(self._copy) + len(data) > self._limit:
+                self._too_big = True
+                self._copy.clear()
             else:
-                copy += chunk
-    now_ns = state.clock()
-    if too_big:
-        state.sink.decoder_error(state.backend, "oversized_event")
-    elif copy:
-        info = interpret_json_body(fmt, bytes(copy))
-        if info is None:
-            state.sink.decoder_error(state.backend, "invalid_json")
-        else:
-            # Not a stream: no first token to see, only what the body reports.
-            timer.chunk(replace(info, output=False), now_ns)
-    if timer.stream_error and resp.status < 400:
-        return _stream_failed(resp, timer, state)
-    return _by_status(resp)
+                self._copy += data
+
+    def finish(self) -> None:
+        """Parse the copy: usage, ids, finish reasons."""
+        state = self._state
+        if self._too_big:
+            state.sink.decoder_error(state.backend, "oversized_event")
+        elif self._copy:
+            info = interpret_json_body(self._fmt, bytes(self._copy))
+            if info is None:
+                state.sink.decoder_error(state.backend, "invalid_json")
+            else:
+                # Not a stream: no first token to see, only what the body reports.
+                self._timer.chunk(replace(info, output=False), state.clock())
 
 
-def _stream_failed(resp: web.StreamResponse, timer: StreamTimer, state: ProxyState) -> RelayResult:
+def stream_failed(resp: web.StreamResponse, timer: StreamTimer, state: ProxyState) -> RelayResult:
     """The upstream reported an error inside its body: its type, bounded in number."""
     kind = state.error_kinds.label(timer.stream_error)
     return RelayResult(resp, Outcome.UPSTREAM_ERROR, resp.status, kind)
 
 
-def _by_status(resp: web.StreamResponse) -> RelayResult:
+def by_status(resp: web.StreamResponse) -> RelayResult:
     """A relayed response is the upstream's error when its status says so."""
     status = resp.status
     if status >= 500:

@@ -20,6 +20,7 @@ from proxy.core.labels import ErrorKindLabeler, ModelLabeler
 from proxy.core.records import Backend, Sink
 from proxy.core.timing import StreamWatcher
 from proxy.edge.tasks import TaskSet
+from proxy.edge.upstream import UpstreamPool
 
 if TYPE_CHECKING:
     # Only the type: OpenTelemetry is imported by whoever turns tracing on.
@@ -49,7 +50,10 @@ class ProxyState:
     tracing: Tracing | None = None
     """Spans and trace-context propagation, when a tracer provider is given."""
     session: aiohttp.ClientSession | None = None
-    """Upstream HTTP client, opened in ``cleanup_ctx``."""
+    """Upstream HTTP client of unobserved requests, opened in ``cleanup_ctx``."""
+    pool: UpstreamPool | None = None
+    """Upstream connections of observed requests (``proxy.edge.upstream``), opened in
+    ``cleanup_ctx``."""
     tasks: TaskSet = field(default_factory=TaskSet)
     """Background work owned by the app."""
     in_flight: int = 0

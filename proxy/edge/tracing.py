@@ -32,7 +32,7 @@ from proxy.core.records import Outcome, RequestLabels, RequestRecord, Sink
 from proxy.core.timing import StreamTimer, StreamWatcher
 
 if TYPE_CHECKING:
-    import aiohttp
+    pass
 
 CAPTURE_BYTES = 1 << 20
 """Most response bytes copied for ``gen_ai.output.messages`` (``--capture-content``)."""
@@ -40,31 +40,14 @@ TRACE_HEADERS = ("traceparent", "tracestate")
 """The W3C trace-context headers the proxy reads and rewrites."""
 
 
-class _Tee:
-    """Reads through to a response body, keeping a bounded copy (content capture only)."""
+class Captured:
+    """A bounded copy of a response body (content capture only)."""
 
-    __slots__ = ("_inner", "data")
+    __slots__ = ("data",)
 
-    def __init__(self, inner: aiohttp.StreamReader) -> None:
-        self._inner = inner
+    def __init__(self) -> None:
         self.data = bytearray()
-
-    def _keep(self, chunk: bytes) -> bytes:
-        room = CAPTURE_BYTES - len(self.data)
-        if room > 0:
-            self.data += chunk[:room]
-        return chunk
-
-    async def readany(self) -> bytes:
-        """As ``StreamReader.readany``."""
-        return self._keep(await self._inner.readany())
-
-    async def read(self, n: int = -1) -> bytes:
-        """As ``StreamReader.read``."""
-        return self._keep(await self._inner.read(n))
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._inner, name)
+        """At most ``CAPTURE_BYTES`` of the body, from its start."""
 
 
 class TracedTimer(StreamTimer):
@@ -97,7 +80,7 @@ class TracedTimer(StreamTimer):
         """The adapter that started the span."""
         self.request_span: RequestSpan | None = None
         """The request's span (``None`` if starting it failed)."""
-        self.capture: _Tee | None = None
+        self.capture: Captured | None = None
         """The response copy, with ``--capture-content``."""
 
     def finish(
@@ -172,18 +155,23 @@ class Tracing:
         except Exception as exc:
             self.errors.record("injecting trace context", exc)
 
-    def capture(self, timer: StreamTimer, response: aiohttp.ClientResponse) -> None:
-        """With ``--capture-content``, copy the response body as it is relayed."""
-        if (
-            not self.spans.capture_content
-            or not isinstance(timer, TracedTimer)
-            or timer.request_span is None
-            or not timer.request_span.span.is_recording()
-        ):
-            return
-        tee = _Tee(response.content)
-        timer.capture = tee
-        response.content = tee  # type: ignore[assignment]  # reads go through the copy
+    def _capturing(self, timer: StreamTimer) -> bool:
+        return (
+            self.spans.capture_content
+            and isinstance(timer, TracedTimer)
+            and timer.request_span is not None
+            and timer.request_span.span.is_recording()
+        )
+
+    def capture_buffer(self, timer: StreamTimer) -> bytearray | None:
+        """With ``--capture-content``, the buffer the relay copies the body into (at most
+        ``CAPTURE_BYTES``); ``None`` when nothing is captured."""
+        if not self._capturing(timer):
+            return None
+        assert isinstance(timer, TracedTimer)
+        captured = Captured()
+        timer.capture = captured
+        return captured.data
 
     def finished(self, timer: TracedTimer, record: RequestRecord) -> None:
         """Complete the span of a finished request."""

@@ -15,6 +15,7 @@ and 3x the read timeout after the last byte.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from types import TracebackType
 
 import aiohttp
@@ -37,14 +38,21 @@ class BodyWatchdog:
 
     An async context manager around the relay, entered inside the timeout it
     keeps alive: the periodic check starts on entry and stops on exit.
+    ``received`` says how many body bytes arrived so far, ``waiting`` whether
+    the relay is blocked on the upstream right now (not on the client).
     """
 
-    __slots__ = ("_body", "_handle", "_loop", "_period_s", "_seen", "_timeout")
+    __slots__ = ("_handle", "_loop", "_period_s", "_received", "_seen", "_timeout", "_waiting")
 
     def __init__(
-        self, body: aiohttp.StreamReader, timeout: asyncio.Timeout, period_s: float
+        self,
+        received: Callable[[], int],
+        waiting: Callable[[], bool],
+        timeout: asyncio.Timeout,
+        period_s: float,
     ) -> None:
-        self._body = body
+        self._received = received
+        self._waiting = waiting
         self._timeout = timeout
         self._period_s = period_s
         self._loop = asyncio.get_running_loop()
@@ -68,10 +76,9 @@ class BodyWatchdog:
     def _check(self) -> None:
         if self._timeout.expired():
             return  # it fired: the relay is being cancelled
-        body = self._body
-        total = body.total_bytes
+        total = self._received()
         now = self._loop.time()
-        if total != self._seen or not waiting_for_data(body):
+        if total != self._seen or not self._waiting():
             self._seen = total
             self._timeout.reschedule(now + 2 * self._period_s)
         self._handle = self._loop.call_at(now + self._period_s, self._check)

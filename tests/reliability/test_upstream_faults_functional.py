@@ -117,9 +117,11 @@ FAULTS: dict[str, tuple[Callable[[RawConn], Awaitable[None]], bool, int, bytes, 
                             "", ("upstream_error", "5xx", "ClientResponseError")),
     "reset_mid_stream": (_reset_mid_stream, True, 200, ROLE + TOKEN, "ClientPayloadError",
                          ("upstream_error", "2xx", "ClientPayloadError")),
-    # aiohttp's client drops its read timer here; the proxy's watchdog cuts it: a timeout.
+    # The parser rejects the framing at once: the stream is cut as the upstream's error
+    # (aiohttp's client used to drop its read timer here, so it took the watchdog's timeout).
     "bad_chunk_framing_mid_stream": (_bad_chunk_framing, True, 200, ROLE + TOKEN,
-                                     "ClientPayloadError", ("timeout", "2xx", "timeout")),
+                                     "ClientPayloadError",
+                                     ("upstream_error", "2xx", "ClientPayloadError")),
     "stall_mid_stream_beyond_read_timeout": (_stall_mid_stream, True, 200, ROLE + TOKEN,
                                              "ClientPayloadError", ("timeout", "2xx", "timeout")),
     "truncated_content_length": (_truncated_content_length, False, 200, b'{"id":"x","choices":[',
