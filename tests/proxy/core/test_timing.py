@@ -17,9 +17,13 @@ class Recorder:
         self.started = 0
         self.gaps: list[float] = []
         self.records: list[RequestRecord] = []
+        self.first_tokens: list[tuple] = []
 
     def request_started(self, labels):
         self.started += 1
+
+    def first_token(self, labels, ttft_s, upstream_ttft_s, request_id, trace_id=""):
+        self.first_tokens.append((ttft_s, upstream_ttft_s, request_id, trace_id))
 
     def gap(self, labels, gap_s, request_id):
         self.gaps.append(gap_s)
