@@ -145,7 +145,7 @@ class PrometheusSink:
             self._for(labels).gap.observe(gap_s)
 
     def request_finished(self, record: RequestRecord) -> None:
-        """Everything observed once per request at its end (TTFT came live, by prefix cache here)."""
+        """Everything observed once per request, at its end (TTFT came live; here by cache)."""
         labels = record.labels
         self._for(labels).active.dec()
         values = self.request_label_values(labels)
