@@ -102,16 +102,19 @@ def build(config: Config) -> Json:
 
     lay.row("Prefill: time to first token")
     lay.add(timeseries("TTFT p50 / p90 / p99", "Time from arrival at the proxy to the first "
-                       "output token; the dashed line is the SLO target.", Phase.PREFILL,
+                       "output token, counted the moment it arrives; the dashed line is the SLO "
+                       "target.", Phase.PREFILL,
                        _percentiles(names.TTFT, s), "s",
                        threshold=line_at(config.ttft_target_s)), 12)  # fmt: skip
     lay.add(heatmap("TTFT distribution", "Requests per TTFT bucket over time: a second band "
                     "means a second population (cache hits, long prompts, queueing).",
                     Phase.PREFILL, buckets(names.TTFT, s, RI), "s"), 12)  # fmt: skip
     lay.add(timeseries(
-        "TTFT by prefix cache", "Median and p90 TTFT of requests whose prompt prefix was "
-        "cached (hit), not cached (miss) or not reported (unknown).", Phase.PREFILL,
-        percentiles(names.TTFT, s, RI, names.label_name(names.PREFIX_CACHE), (0.5, 0.9)),
+        "TTFT by prefix cache", "Median and p90 TTFT of finished requests whose prompt prefix "
+        "was cached (hit), not cached (miss) or not reported (unknown), counted at their end.",
+        Phase.PREFILL,
+        percentiles(names.PREFIX_CACHE_TTFT, s, RI, names.label_name(names.PREFIX_CACHE),
+                    (0.5, 0.9)),
         "s"), 12)  # fmt: skip
     lay.add(timeseries(
         "TTFT SLO misses", "Share of requests whose first token came later than the TTFT "
@@ -132,6 +135,21 @@ def build(config: Config) -> Json:
                        "longest gap: the stutter a reader saw.", Phase.DECODE,
                        _percentiles(names.MAX_GAP, s), "s",
                        threshold=line_at(config.worst_gap_threshold_s, "orange")), 12)  # fmt: skip
+    lay.add(timeseries("TPOT per token beside the gap per chunk", "Median time per output "
+                       "token and median gap between output events: they part when a chunk "
+                       "carries several tokens (speculative decoding, a stream interval).",
+                       Phase.DECODE,
+                       [Query(promql.quantile(0.5, names.TPOT, s, RI, (BACKEND,)),
+                              f"TPOT per token p50 {legend(BACKEND)}"),
+                        Query(promql.quantile(0.5, names.GAP, s, RI, (BACKEND,)),
+                              f"gap per chunk p50 {legend(BACKEND)}")], "s"), 12)  # fmt: skip
+    lay.add(timeseries("Tokens per output event", "Per finished stream: completion tokens / "
+                       "output events (1 = one token per chunk), and the mean speculative "
+                       "acceptance length where the backend reports it.", Phase.DECODE,
+                       [*percentiles(names.TOKENS_PER_EVENT, s, RI, BACKEND, (0.5, 0.9)),
+                        Query(promql.mean(names.ACCEPTANCE_LENGTH, s, RI, (BACKEND,)),
+                              f"acceptance length {legend(BACKEND)}")],
+                       "short"), 12)  # fmt: skip
     lay.add(timeseries("Output tokens per second", "Output tokens per second per backend, "
                        "counted from usage when each request finishes.", Phase.DECODE,
                        [Query(tokens_by, legend(BACKEND))], "short"), 12)  # fmt: skip

@@ -98,6 +98,21 @@ class FanoutSink:
             except Exception as exc:
                 self._failed(sink, "request_started", exc)
 
+    def first_token(
+        self,
+        labels: RequestLabels,
+        ttft_s: float,
+        upstream_ttft_s: float | None,
+        request_id: str,
+        trace_id: str = "",
+    ) -> None:
+        """Fan out ``first_token``."""
+        for sink in self.sinks:
+            try:
+                sink.first_token(labels, ttft_s, upstream_ttft_s, request_id, trace_id)
+            except Exception as exc:
+                self._failed(sink, "first_token", exc)
+
     def gap(self, labels: RequestLabels, gap_s: float, request_id: str, trace_id: str = "") -> None:
         """Fan out ``gap`` (the trace id only when there is one, as the timer does)."""
         for sink in self.sinks:

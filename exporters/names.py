@@ -59,6 +59,7 @@ TOKEN_BUCKETS = (
 STALL_BUCKETS = (
     0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0,
 )  # fmt: skip
+TOKENS_PER_EVENT_BUCKETS = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0, 16.0)
 STALLED_STREAMS_BUCKETS = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0)
 
 
@@ -107,7 +108,17 @@ TTFT = Instrument(
     "gen_ai.server.time_to_first_token",
     Kind.HISTOGRAM,
     "s",
-    "Time from the request's arrival at the proxy to its first output event (prefill).",
+    "Time from the request's arrival at the proxy to its first output event (prefill); "
+    "observed live, at that event.",
+    REQUEST_ATTRS,
+    TTFT_BUCKETS,
+)
+PREFIX_CACHE_TTFT = Instrument(
+    "tokenstamp.prefix_cache.time_to_first_token",
+    Kind.HISTOGRAM,
+    "s",
+    "The same time to first token by prefix-cache hit, observed when the request finishes "
+    "(the hit is known only from the final usage).",
     (*REQUEST_ATTRS, PREFIX_CACHE),
     TTFT_BUCKETS,
 )
@@ -158,6 +169,23 @@ QUEUE_TIME = Instrument(
     "Observed TTFT minus the prefill time the backend reported (queueing and transport).",
     REQUEST_ATTRS,
     TTFT_BUCKETS,
+)
+TOKENS_PER_EVENT = Instrument(
+    "tokenstamp.stream.tokens_per_event",
+    Kind.HISTOGRAM,
+    "{token}",
+    "Per finished stream with a known completion-token count: completion tokens / output events.",
+    REQUEST_ATTRS,
+    TOKENS_PER_EVENT_BUCKETS,
+)
+ACCEPTANCE_LENGTH = Instrument(
+    "tokenstamp.spec_decode.acceptance_length",
+    Kind.HISTOGRAM,
+    "{token}",
+    "Per finished request whose backend reported speculative decoding: its mean tokens "
+    "per verification step (bonus token included).",
+    REQUEST_ATTRS,
+    TOKENS_PER_EVENT_BUCKETS,
 )
 STALL_DURATION = Instrument(
     "tokenstamp.stall.duration",
@@ -227,12 +255,15 @@ STREAMS_ACTIVE = Instrument(
 
 ALL: tuple[Instrument, ...] = (
     TTFT,
+    PREFIX_CACHE_TTFT,
     TPOT,
     GAP,
     DURATION,
     TOKEN_USAGE,
     MAX_GAP,
     QUEUE_TIME,
+    TOKENS_PER_EVENT,
+    ACCEPTANCE_LENGTH,
     STALL_DURATION,
     STALLED_STREAMS,
     REQUESTS,

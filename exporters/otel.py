@@ -80,6 +80,10 @@ class OtelMetricsSink:
         self.slo_tpot_s = slo_tpot_s
         """TPOT target for ``tokenstamp.requests.slo``."""
         self._ttft = histogram(meter, names.TTFT)
+        self._cache_ttft = histogram(meter, names.PREFIX_CACHE_TTFT)
+        self._queue_time = histogram(meter, names.QUEUE_TIME)
+        self._tokens_per_event = histogram(meter, names.TOKENS_PER_EVENT)
+        self._acceptance = histogram(meter, names.ACCEPTANCE_LENGTH)
         self._tpot = histogram(meter, names.TPOT)
         self._gap = histogram(meter, names.GAP)
         self._duration = histogram(meter, names.DURATION)
@@ -107,6 +111,17 @@ class OtelMetricsSink:
     def request_started(self, labels: RequestLabels) -> None:
         """Active streams up."""
         self._active.add(1, self._attrs(labels))
+
+    def first_token(
+        self,
+        labels: RequestLabels,
+        ttft_s: float,
+        upstream_ttft_s: float | None,
+        request_id: str,
+        trace_id: str = "",
+    ) -> None:
+        """The live TTFT."""
+        self._ttft.record(ttft_s, self._attrs(labels))
 
     def gap(self, labels: RequestLabels, gap_s: float, request_id: str, trace_id: str = "") -> None:
         """One inter-token gap."""
@@ -139,7 +154,17 @@ class OtelMetricsSink:
             return
         ttft = record.ttft_s
         if ttft is not None:
-            self._ttft.record(ttft, attributes(names.TTFT, *values, record.prefix_cache))
+            cache = attributes(names.PREFIX_CACHE_TTFT, *values, record.prefix_cache)
+            self._cache_ttft.record(ttft, cache)
+        queue = record.queue_time_s
+        if queue is not None:
+            self._queue_time.record(queue, base)
+        per_event = record.tokens_per_event
+        if per_event is not None:
+            self._tokens_per_event.record(per_event, base)
+        timings = record.backend_timings
+        if timings is not None and timings.acceptance_length is not None:
+            self._acceptance.record(timings.acceptance_length, base)
         tpot = record.tpot_s
         if tpot is not None:
             self._tpot.record(tpot, base)

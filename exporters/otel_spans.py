@@ -32,6 +32,7 @@ from exporters.otel_content import input_messages
 from proxy import __version__
 from proxy.core.records import (
     Backend,
+    BackendTimings,
     Outcome,
     PrefillRecord,
     RequestLabels,
@@ -76,6 +77,19 @@ GAPS = "tokenstamp.stream.gaps"
 STALLS = "tokenstamp.stream.stalls"
 """Stalls of the stream known when its span ended (count)."""
 OUTPUT_EVENTS = "tokenstamp.stream.output_events"
+TOKENS_PER_EVENT = "tokenstamp.stream.tokens_per_event"
+"""Completion tokens / output events (tokens)."""
+QUEUE_TIME = "tokenstamp.request.queue_time"
+"""Observed TTFT minus the backend's reported prefill."""
+# The backend's own timings of the request (``BackendTimings``), seconds on its clock.
+BACKEND_PREFILL = "tokenstamp.backend.prefill_time"
+BACKEND_DECODE = "tokenstamp.backend.decode_time"
+BACKEND_PER_TOKEN = "tokenstamp.backend.time_per_output_token"
+BACKEND_LOAD = "tokenstamp.backend.load_time"
+BACKEND_TOTAL = "tokenstamp.backend.request_duration"
+BACKEND_QUEUE = "tokenstamp.backend.queue_time"
+ACCEPTANCE_LENGTH = "tokenstamp.spec_decode.acceptance_length"
+"""Mean tokens per speculative verification step the backend reported (tokens)."""
 STALL_DURATION = "tokenstamp.stall.duration"
 STALL_BASELINE = "tokenstamp.stall.baseline"
 STALL_CULPRITS = "tokenstamp.stall.culprits"
@@ -187,7 +201,30 @@ def finish_attributes(record: RequestRecord) -> dict[str, Any]:
     if record.streamed:
         out[GAPS] = record.gap_count
         out[MAX_GAP] = record.max_gap_s
+    per_event = record.tokens_per_event
+    if per_event is not None:
+        out[TOKENS_PER_EVENT] = per_event
+    timings = record.backend_timings
+    if timings is not None:
+        out.update(backend_attributes(timings))
+        queue = record.queue_time_s
+        if queue is not None:
+            out[QUEUE_TIME] = queue
     return out
+
+
+def backend_attributes(timings: BackendTimings) -> dict[str, Any]:
+    """The backend's own timings of a request, the ones it reported."""
+    pairs = (
+        (BACKEND_PREFILL, timings.prefill_s),
+        (BACKEND_DECODE, timings.decode_s),
+        (BACKEND_PER_TOKEN, timings.per_token_s),
+        (BACKEND_LOAD, timings.load_s),
+        (BACKEND_TOTAL, timings.total_s),
+        (BACKEND_QUEUE, timings.queue_s),
+        (ACCEPTANCE_LENGTH, timings.acceptance_length),
+    )
+    return {key: value for key, value in pairs if value is not None}
 
 
 class SpanRecorder:
@@ -342,6 +379,16 @@ class SpanRecorder:
 
     def request_started(self, labels: RequestLabels) -> None:
         """Nothing: spans start through ``start``."""
+
+    def first_token(
+        self,
+        labels: RequestLabels,
+        ttft_s: float,
+        upstream_ttft_s: float | None,
+        request_id: str,
+        trace_id: str = "",
+    ) -> None:
+        """Nothing: the first-token event is added from the record, with the others."""
 
     def gap(self, labels: RequestLabels, gap_s: float, request_id: str, trace_id: str = "") -> None:
         """Nothing: no span work per token."""

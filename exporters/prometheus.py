@@ -5,10 +5,12 @@ children are resolved once per distinct label set and cached, so a gap costs
 one dictionary lookup and one histogram observation. The labels are already
 bounded by the proxy (see ``exporters.labels``), so the cache is bounded too.
 
-Exemplars: the TTFT, inter-token gap and worst-gap histograms carry the trace
-id of a sampled request (``{"trace_id": ...}``), shown in the OpenMetrics
-exposition of ``/metrics``. A gap carries one only when it is its stream's
-worst so far (the timer decides), so the cost stays per request, not per token.
+TTFT is observed live, when the first output event arrives (``first_token``);
+everything else once per request, when it finishes. Exemplars: the TTFT,
+inter-token gap and worst-gap histograms carry the trace id of a sampled
+request (``{"trace_id": ...}``), shown in the OpenMetrics exposition of
+``/metrics``. A gap carries one only when it is its stream's worst so far (the
+timer decides), so the cost stays per request, not per token.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ class PrometheusSink:
         self.registry = registry
         """The registry the admin server exposes."""
         self._ttft = histogram(names.TTFT, registry)
+        self._cache_ttft = histogram(names.PREFIX_CACHE_TTFT, registry)
         self._tpot = histogram(names.TPOT, registry)
         # Every inter-token gap lands here: the lock-free histogram (same exposition).
         self._gap = FastHistogram(
@@ -82,6 +85,8 @@ class PrometheusSink:
         self._tokens = histogram(names.TOKEN_USAGE, registry)
         self._max_gap = histogram(names.MAX_GAP, registry)
         self._queue_time = histogram(names.QUEUE_TIME, registry)
+        self._tokens_per_event = histogram(names.TOKENS_PER_EVENT, registry)
+        self._acceptance = histogram(names.ACCEPTANCE_LENGTH, registry)
         self._requests = counter(names.REQUESTS, registry)
         self._slo = counter(names.SLO_REQUESTS, registry)
         self._decoder_errors = counter(names.DECODER_ERRORS, registry)
@@ -92,6 +97,8 @@ class PrometheusSink:
         self._stalls = counter(names.STALLS, registry)
         self._stutter_cost = counter(names.STUTTER_COST, registry)
         self._children: dict[RequestLabels, _Children] = {}
+        # TTFT children apart: made at a first token, so no stream-less series appear.
+        self._ttft_children: dict[RequestLabels, Histogram] = {}
         self.slo_ttft_s = float("inf")
         """TTFT target for ``tokenstamp_requests_slo_total``."""
         self.slo_tpot_s = float("inf")
@@ -115,6 +122,21 @@ class PrometheusSink:
         """In-flight gauge up."""
         self._for(labels).active.inc()
 
+    def first_token(
+        self,
+        labels: RequestLabels,
+        ttft_s: float,
+        upstream_ttft_s: float | None,
+        request_id: str,
+        trace_id: str = "",
+    ) -> None:
+        """The live TTFT (with an exemplar when ``trace_id`` is given)."""
+        child = self._ttft_children.get(labels)
+        if child is None:
+            child = self._ttft.labels(*self.request_label_values(labels))
+            self._ttft_children[labels] = child
+        child.observe(ttft_s, {"trace_id": trace_id} if trace_id else None)
+
     def gap(self, labels: RequestLabels, gap_s: float, request_id: str, trace_id: str = "") -> None:
         """One inter-token gap (with an exemplar when ``trace_id`` is given)."""
         if trace_id:
@@ -123,7 +145,7 @@ class PrometheusSink:
             self._for(labels).gap.observe(gap_s)
 
     def request_finished(self, record: RequestRecord) -> None:
-        """Everything observed once per request."""
+        """Everything observed once per request, at its end (TTFT came live; here by cache)."""
         labels = record.labels
         self._for(labels).active.dec()
         values = self.request_label_values(labels)
@@ -141,10 +163,16 @@ class PrometheusSink:
         exemplar = {"trace_id": record.trace_id} if record.trace_id else None
         ttft = record.ttft_s
         if ttft is not None:
-            self._ttft.labels(*values, record.prefix_cache).observe(ttft, exemplar)
+            self._cache_ttft.labels(*values, record.prefix_cache).observe(ttft)
         queue = record.queue_time_s
         if queue is not None:
             self._queue_time.labels(*values).observe(queue)
+        per_event = record.tokens_per_event
+        if per_event is not None:
+            self._tokens_per_event.labels(*values).observe(per_event)
+        timings = record.backend_timings
+        if timings is not None and timings.acceptance_length is not None:
+            self._acceptance.labels(*values).observe(timings.acceptance_length)
         tpot = record.tpot_s
         if tpot is not None:
             self._tpot.labels(*values).observe(tpot)

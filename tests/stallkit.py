@@ -63,9 +63,23 @@ class RecordingSink:
         self.stalls: list[StallRecord] = []
         self.prefills: dict[str, PrefillRecord] = {}
         self.gaps: defaultdict[str, list[float]] = defaultdict(list)
+        self.first_tokens: dict[str, float] = {}
+        """Live TTFT (seconds) of each request, as ``first_token`` reported it."""
 
     def request_started(self, labels: RequestLabels) -> None:
         self.inner.request_started(labels)
+
+    def first_token(
+        self,
+        labels: RequestLabels,
+        ttft_s: float,
+        upstream_ttft_s: float | None,
+        request_id: str,
+        trace_id: str = "",
+    ) -> None:
+        assert request_id not in self.first_tokens, f"second first token of {request_id}"
+        self.first_tokens[request_id] = ttft_s
+        self.inner.first_token(labels, ttft_s, upstream_ttft_s, request_id, trace_id)
 
     def gap(self, labels: RequestLabels, gap_s: float, request_id: str, trace_id: str = "") -> None:
         self.gaps[request_id].append(gap_s)

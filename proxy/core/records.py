@@ -54,18 +54,29 @@ class RequestLabels(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class BackendTimings:
-    """Durations the backend measured itself for one request, in seconds (on its own clock)."""
+    """What the backend measured itself about one request; durations in seconds, its own clock."""
 
     prefill_s: float | None = None
-    """Prompt processing (llama.cpp ``prompt_ms``, Ollama ``prompt_eval_duration``)."""
+    """Prompt processing (llama.cpp ``prompt_ms``, Ollama ``prompt_eval_duration``, vLLM
+    ``metrics.time_to_first_token_ms``: scheduled to first token, SGLang
+    ``prefill_finished_time - forward_entry_time``)."""
     decode_s: float | None = None
-    """Token generation (llama.cpp ``predicted_ms``, Ollama ``eval_duration``)."""
+    """Token generation (llama.cpp ``predicted_ms``, Ollama ``eval_duration``, vLLM
+    ``metrics.generation_time_ms``)."""
     per_token_s: float | None = None
-    """Generation time per output token (llama.cpp ``predicted_per_token_ms``)."""
+    """Generation time per output token (llama.cpp ``predicted_per_token_ms``, vLLM
+    ``metrics.mean_itl_ms``)."""
     load_s: float | None = None
     """Model loading before the prompt was processed (Ollama ``load_duration``)."""
     total_s: float | None = None
-    """The backend's own end-to-end time (Ollama ``total_duration``)."""
+    """The backend's own end-to-end time (Ollama ``total_duration``, SGLang ``e2e_latency``)."""
+    queue_s: float | None = None
+    """Time the engine kept the request waiting before it was scheduled (vLLM
+    ``metrics.queue_time_ms``, SGLang ``queue_time``)."""
+    acceptance_length: float | None = None
+    """Speculative decoding: mean tokens emitted per verification step, bonus token included
+    (vLLM ``metrics.speculative_decoding.mean_acceptance_length``, SGLang
+    ``completion_tokens / spec_verify_ct``); >= 1."""
 
 
 def queue_time_s(ttft_s: float | None, timings: BackendTimings | None) -> float | None:
@@ -156,6 +167,16 @@ class RequestRecord:
     def queue_time_s(self) -> float | None:
         """Observed TTFT minus the backend's reported prefill: ``tokenstamp.request.queue_time``."""
         return queue_time_s(self.ttft_s, self.backend_timings)
+
+    @property
+    def tokens_per_event(self) -> float | None:
+        """Completion tokens per output event of a stream; ``None`` when either is unknown.
+
+        1.0 when every chunk carries one token; more with speculative decoding or a
+        server-side stream interval."""
+        if not self.streamed or self.completion_tokens is None or self.output_events == 0:
+            return None
+        return self.completion_tokens / self.output_events
 
     @property
     def output_tokens(self) -> int:
@@ -281,6 +302,21 @@ class Sink(Protocol):
 
     def request_started(self, labels: RequestLabels) -> None:
         """An observed request arrived (in-flight gauge up)."""
+
+    def first_token(
+        self,
+        labels: RequestLabels,
+        ttft_s: float,
+        upstream_ttft_s: float | None,
+        request_id: str,
+        trace_id: str = "",
+    ) -> None:
+        """A stream's first output event arrived: its TTFT, observed live, once per request.
+
+        ``ttft_s`` is ``t1 - t0``, ``upstream_ttft_s`` is ``t1 - tf`` (``None`` when the
+        request was never marked forwarded). ``trace_id`` is given when the request's span
+        is sampled (the TTFT carries it as an exemplar). The record at the end carries
+        the same stamps; a sink must not count TTFT a second time from it."""
 
     def gap(self, labels: RequestLabels, gap_s: float, request_id: str, trace_id: str = "") -> None:
         """One inter-token gap of a stream.

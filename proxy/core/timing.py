@@ -116,6 +116,7 @@ class StreamTimer:
         self.last_token_ns = now_ns
         if last is None:
             self.first_token_ns = now_ns
+            self._first_token(now_ns)
             if self._watcher is not None:
                 self._watcher.first_token(self.request_id, now_ns)
             return
@@ -131,6 +132,17 @@ class StreamTimer:
             self._sink.gap(self.labels, gap_ns / 1e9, self.request_id)
         if self._watcher is not None:
             self._watcher.gap(self.request_id, last, now_ns)
+
+    def _first_token(self, now_ns: int) -> None:
+        """Report the live TTFT (once per request: only the first output event calls this)."""
+        tf = self.forwarded_ns
+        self._sink.first_token(
+            self.labels,
+            (now_ns - self.arrival_ns) / 1e9,
+            None if tf is None else (now_ns - tf) / 1e9,
+            self.request_id,
+            self.trace_id,
+        )
 
     def chunk(self, info: ChunkInfo, now_ns: int) -> None:
         """Take in one decoded chunk read at ``now_ns``."""

@@ -372,6 +372,16 @@ class TimelineSink:
     def request_started(self, labels: RequestLabels) -> None:
         """Ignored (the row starts when the request is forwarded)."""
 
+    def first_token(
+        self,
+        labels: RequestLabels,
+        ttft_s: float,
+        upstream_ttft_s: float | None,
+        request_id: str,
+        trace_id: str = "",
+    ) -> None:
+        """Ignored (the first tick comes from the watcher face)."""
+
     def gap(self, labels: RequestLabels, gap_s: float, request_id: str, trace_id: str = "") -> None:
         """Ignored (stamps come from the watcher face)."""
 

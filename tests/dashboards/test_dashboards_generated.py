@@ -94,7 +94,9 @@ def test_serving_latency_variables_and_panels():
     doc = _dashboards()["tokenstamp-serving-latency.json"]
     assert [v["name"] for v in doc["templating"]["list"]] == ["datasource", "backend", "model"]
     exprs = "\n".join(t["expr"] for p in _panels(doc) for t in p["targets"])
-    for inst in (names.TTFT, names.TPOT, names.GAP, names.MAX_GAP, names.DURATION):
+    for inst in (names.TTFT, names.TPOT, names.GAP, names.MAX_GAP, names.DURATION,
+                 names.PREFIX_CACHE_TTFT, names.TOKENS_PER_EVENT,
+                 names.ACCEPTANCE_LENGTH):  # fmt: skip
         assert inst.prom_name in exprs, inst.name
     for series in ("tokenstamp_requests_total", "tokenstamp_streams_active",
                    "tokenstamp_requests_slo_total", "gen_ai_client_token_usage_sum"):  # fmt: skip

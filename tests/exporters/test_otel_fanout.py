@@ -71,14 +71,17 @@ def test_every_sink_gets_every_observation_despite_a_broken_one(caplog):
     gaps = "gen_ai_client_operation_time_per_output_chunk_seconds_count"
     assert registry.get_sample_value(gaps, PROM_LABELS) == 2
     assert _gap_count(reader.get_metrics_data()) == 2
-    # request_started, gap x2, request_finished, decoder_error, unobserved: 6 failures, 1 line
-    assert errors.failures == 6
+    ttft = "gen_ai_server_time_to_first_token_seconds_sum"
+    assert registry.get_sample_value(ttft, PROM_LABELS) == pytest.approx(0.010)
+    # request_started, first_token, gap x2, request_finished, decoder_error, unobserved:
+    # 7 failures, 1 line
+    assert errors.failures == 7
     (line,) = [r for r in caplog.records if r.name == "tokenstamp.telemetry"]
     assert "Broken.request_started raised RuntimeError" in line.getMessage()
     now[0] += 61.0
     with caplog.at_level(logging.WARNING, logger="tokenstamp.telemetry"):
         fan.request_started(LABELS)
-    assert "(6 since the last line, 7 in total)" in caplog.records[-1].getMessage()
+    assert "(7 since the last line, 8 in total)" in caplog.records[-1].getMessage()
 
 
 def test_a_sampled_streams_worst_gaps_carry_exemplars():

@@ -27,7 +27,7 @@ from exporters.otel_content import TRUNCATED
 from proxy.config import HostPort, ProxyConfig
 from proxy.edge.server import RunningProxy, start_proxy
 from tests.conftest import Script
-from tests.proxy.edge.test_app_functional import USAGE, body, chat_chunk, post, vllm_like
+from tests.proxy.edge.test_app_functional import USAGE, body, chat_chunk, post, sse, vllm_like
 
 CLIENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
 CLIENT_SPAN = "b7ad6b7169203331"
@@ -128,6 +128,9 @@ async def test_stream_span_names_attributes_event_and_upstream_context(upstream,
     assert a[keys.MAX_GAP] >= 0.05
     assert a[keys.TPOT] == pytest.approx(0.12 / 3, abs=0.04)
     assert a[keys.REQUEST_ID]
+    assert a[keys.TOKENS_PER_EVENT] == 1.0
+    assert keys.QUEUE_TIME not in a  # the backend reported no timings of its own
+    assert keys.BACKEND_QUEUE not in a
     assert keys.INPUT_MESSAGES not in a
     assert keys.OUTPUT_MESSAGES not in a
 
@@ -143,6 +146,30 @@ async def test_stream_span_names_attributes_event_and_upstream_context(upstream,
     assert trace_id == format(span.context.trace_id, "032x")
     assert parent_id == format(span.context.span_id, "016x")
     assert sampled
+
+
+async def test_engine_timings_are_span_attributes(upstream, traced):
+    metrics = {"time_to_first_token_ms": 30.0, "generation_time_ms": 90.0,
+               "queue_time_ms": 7.0, "mean_itl_ms": 30.0,
+               "speculative_decoding": {"mean_acceptance_length": 2.0}}  # fmt: skip
+    usage = {"prompt_tokens": 3, "completion_tokens": 8, "total_tokens": 11}
+    parts = vllm_like([0.06, 0.02, 0.02, 0.02], usage=False)
+    parts.insert(-1, (0.0, sse({"id": "chatcmpl-1", "choices": [], "usage": usage,
+                                "metrics": metrics})))  # fmt: skip
+    upstream.script = Script(parts)
+    t = await traced(upstream.url)
+    status, _, _ = await post(t.proxy.url + "/v1/chat/completions", body())
+    assert status == 200
+    (span,) = await t.spans()
+    a = dict(span.attributes or {})
+    assert a[keys.BACKEND_PREFILL] == pytest.approx(0.030)
+    assert a[keys.BACKEND_DECODE] == pytest.approx(0.090)
+    assert a[keys.BACKEND_PER_TOKEN] == pytest.approx(0.030)
+    assert a[keys.BACKEND_QUEUE] == pytest.approx(0.007)
+    assert a[keys.ACCEPTANCE_LENGTH] == 2.0
+    assert a[keys.QUEUE_TIME] == pytest.approx(a[keys.TTFT] - 0.030)
+    assert a[keys.TOKENS_PER_EVENT] == 2.0  # 8 tokens in 4 output events
+    assert keys.BACKEND_LOAD not in a
 
 
 async def test_incoming_traceparent_makes_the_span_a_child(upstream, traced):

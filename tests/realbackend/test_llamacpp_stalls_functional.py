@@ -11,9 +11,11 @@ request's first token.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import statistics
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -80,6 +82,89 @@ def _check_streams_complete(run: StutterRun, tokens: int) -> None:
     assert run.long.output_ns, "the long request produced no output"
 
 
+@dataclass
+class LiveTtft:
+    """One scrape of ``/metrics`` taken while the short streams decode."""
+
+    ttft_count: float
+    """``gen_ai_server_time_to_first_token_seconds_count`` then."""
+    ttft_sum_s: float
+    """Its ``_sum``."""
+    started: list[str]
+    """Short streams whose first token the proxy had reported by then."""
+    finished: list[str]
+    """Requests that had finished by then."""
+
+
+async def _scrape_when_streams_started(proxy: RecordedProxy, tag: str) -> LiveTtft:
+    """Once every short stream has its first token, and before any ends: one scrape."""
+    prefix = f"{tag}-stream-"
+    for _ in range(6000):  # bounded: 60 s
+        if sum(1 for rid in proxy.sink.first_tokens if rid.startswith(prefix)) >= STREAMS:
+            break
+        await asyncio.sleep(0.01)  # reads a dict: nothing for the proxy's loop to do
+    else:
+        raise AssertionError(f"short streams never all started: {sorted(proxy.sink.first_tokens)}")
+    started = sorted(rid for rid in proxy.sink.first_tokens if rid.startswith(prefix))
+    samples = await scrape(proxy.admin_url + "/metrics")
+    return LiveTtft(
+        samples.sum(names.TTFT.prom_name + "_count"),
+        samples.sum(names.TTFT.prom_name + "_sum"),
+        started,
+        sorted(proxy.sink.requests),
+    )
+
+
+async def _live_stutter_run(
+    proxy: RecordedProxy, prompts: Prompts, tag: str
+) -> tuple[StutterRun, LiveTtft]:
+    """The stutter workload, with ``/metrics`` scraped while the short streams decode.
+
+    The short streams ask for usage themselves: with ``--provider llama.cpp`` the proxy
+    does not ask, and tokens per event needs the completion-token count."""
+    async with asyncio.TaskGroup() as tg:
+        live = tg.create_task(_scrape_when_streams_started(proxy, tag))
+        run = await stutter_run(
+            proxy, prompts, streams=STREAMS, stream_tokens=STREAM_TOKENS, tag=tag, usage=True
+        )
+    return run, live.result()
+
+
+def _check_live_ttft(proxy: RecordedProxy, run: StutterRun, live: LiveTtft) -> None:
+    """TTFT reached ``/metrics`` at each first token, not at each end; once per request."""
+    short = [cap.request_id for cap in run.streams]
+    print(f"mid-stream scrape: {live.ttft_count:g} TTFTs, {len(live.finished)} requests finished")
+    assert live.started == sorted(short)
+    assert not set(short) & set(live.finished), "a stream ended before the scrape"
+    assert live.ttft_count >= STREAMS
+    live_sum = sum(proxy.sink.first_tokens[rid] for rid in short)
+    assert live.ttft_sum_s >= live_sum - 1e-6
+    for cap in [*run.streams, run.long]:
+        record = proxy.sink.requests[cap.request_id]
+        # The live observation is the record's TTFT: the same two stamps.
+        assert proxy.sink.first_tokens[cap.request_id] == record.ttft_s
+    for cap in run.streams:
+        record = proxy.sink.requests[cap.request_id]
+        # llama.cpp sends one token per event: tokens per event is exactly 1.
+        assert record.completion_tokens == STREAM_TOKENS, record
+        assert record.tokens_per_event == 1.0
+
+
+async def _check_metrics_after(proxy: RecordedProxy) -> None:
+    samples = await scrape(proxy.admin_url + "/metrics")
+    requests = STREAMS + 1
+    assert samples.sum(names.TTFT.prom_name + "_count") == requests
+    assert samples.sum(names.PREFIX_CACHE_TTFT.prom_name + "_count") == requests
+    # The same observations, summed in another order (first tokens, then ends by label).
+    assert samples.sum(names.TTFT.prom_name + "_sum") == pytest.approx(
+        samples.sum(names.PREFIX_CACHE_TTFT.prom_name + "_sum")
+    )
+    per_event = names.TOKENS_PER_EVENT.prom_name
+    assert samples.sum(per_event + "_count") == STREAMS  # the long request asked no usage
+    assert samples.sum(per_event + "_sum") == STREAMS  # 1.0 each
+    assert samples.sum(names.ACCEPTANCE_LENGTH.prom_name + "_count") == 0
+
+
 async def _check_stall_metrics(proxy: RecordedProxy, prefill_stalls: int) -> None:
     samples = await scrape(proxy.admin_url + "/metrics")
     cause = names.label_name(names.STALL_CAUSE)
@@ -95,13 +180,12 @@ async def test_unchunked_prefill_stalls_every_stream_once(
 ) -> None:
     caplog.set_level(logging.INFO, logger="tokenstamp.stalls")
     proxy = await recorded_proxy(llamacpp.url, provider="llama.cpp")
-    run = await stutter_run(
-        proxy, Prompts(tokenizer_json, "unchunked"), streams=STREAMS,
-        stream_tokens=STREAM_TOKENS, tag="u",
-    )  # fmt: skip
+    run, live = await _live_stutter_run(proxy, Prompts(tokenizer_json, "unchunked"), "u")
     proxy.settle()
     _check_streams_complete(run, STREAM_TOKENS)
     _check_agreement(proxy, run)
+    _check_live_ttft(proxy, run, live)
+    await _check_metrics_after(proxy)
 
     long_id = run.long.request_id
     window = proxy.sink.prefills[long_id]
@@ -151,13 +235,11 @@ async def test_chunked_prefill_stalls_every_stream_several_times(
 ) -> None:
     server = llamacpp_factory(n_batch=512)
     proxy = await recorded_proxy(server.url, provider="llama.cpp")
-    run = await stutter_run(
-        proxy, Prompts(tokenizer_json, "chunked"), streams=STREAMS,
-        stream_tokens=STREAM_TOKENS, tag="c",
-    )  # fmt: skip
+    run, live = await _live_stutter_run(proxy, Prompts(tokenizer_json, "chunked"), "c")
     proxy.settle()
     _check_streams_complete(run, STREAM_TOKENS)
     _check_agreement(proxy, run)
+    _check_live_ttft(proxy, run, live)
 
     long_id = run.long.request_id
     window = proxy.sink.prefills[long_id]

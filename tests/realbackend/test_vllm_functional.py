@@ -17,7 +17,13 @@ histogram sum), then eight concurrent streams and one long prompt. Then both
   Allowed per bound: tokenstamp's gaps within ``JITTER_S`` of it, plus
   ``SLACK_SHARE`` of all gaps. When vLLM's API process falls behind it merges
   tokens into one event, so tokenstamp may see fewer, longer gaps (bounded by
-  ``MERGED_SHARE``).
+  ``MERGED_SHARE``);
+* tokens per output event: 1 (no speculative decoding), up to those merges;
+* the engine's own timings of each sequential request, when the installed vLLM has
+  ``--enable-per-request-metrics`` (the server is started with it then): the queue
+  time and prefill in the final usage chunk's ``metrics`` equal what vLLM observed in
+  ``vllm:request_queue_time_seconds`` and ``vllm:request_prefill_time_seconds`` for
+  that request. Without the flag the test says so and checks that no timings came.
 """
 
 from __future__ import annotations
@@ -47,20 +53,24 @@ SLACK_SHARE = 0.03
 MERGED_SHARE = 0.05
 STREAMS = 4
 SEQUENTIAL_PROMPTS = (16, 64, 256, 512, 1024, 128)
+ENGINE_TIMING_TOLERANCE_S = 0.001  # one engine's two reports of one request (ms in JSON)
+VLLM_TTFT = "vllm:time_to_first_token_seconds"
+VLLM_QUEUE = "vllm:request_queue_time_seconds"
+VLLM_PREFILL = "vllm:request_prefill_time_seconds"
 
 
-async def _vllm_ttft_of_next(vllm: VllmServer, before: Samples) -> tuple[float, Samples]:
-    """Wait for vLLM to count one more TTFT; that request's TTFT and the new scrape."""
+async def _vllm_next(vllm: VllmServer, before: Samples) -> tuple[dict[str, float], Samples]:
+    """Wait for vLLM to count one more request; its TTFT, queue and prefill time, the scrape.
+
+    vLLM observes TTFT at the first token and the queue and prefill times when the
+    request finishes: wait for all three counts to move."""
     for _ in range(400):  # bounded: about 20 s
         now = await scrape(vllm.url + "/metrics")
-        n = now.sum("vllm:time_to_first_token_seconds_count")
-        if n > before.sum("vllm:time_to_first_token_seconds_count"):
-            ttft = now.sum("vllm:time_to_first_token_seconds_sum") - before.sum(
-                "vllm:time_to_first_token_seconds_sum"
-            )
-            return ttft, now
+        names_ = (VLLM_TTFT, VLLM_QUEUE, VLLM_PREFILL)
+        if all(now.sum(n + "_count") > before.sum(n + "_count") for n in names_):
+            return {n: now.sum(n + "_sum") - before.sum(n + "_sum") for n in names_}, now
         await asyncio.sleep(0.05)
-    raise AssertionError("vLLM never counted the request's first token")
+    raise AssertionError("vLLM never counted the request")
 
 
 def _row(name: str, ours: float, theirs: float, unit: str = "") -> str:
@@ -80,8 +90,8 @@ async def test_metrics_agree_with_vllm(
     async with session() as http:
         for i, size in enumerate(SEQUENTIAL_PROMPTS):
             cap = await stream(http, vllm.url, chat(prompts.text(size), 16), f"direct-{i}")
-            theirs, before = await _vllm_ttft_of_next(vllm, before)
-            direct_rows.append((f"direct-{i}", size, cap.ttft_s, theirs))
+            seen, before = await _vllm_next(vllm, before)
+            direct_rows.append((f"direct-{i}", size, cap.ttft_s, seen[VLLM_TTFT]))
     await asyncio.sleep(0.5)
     v0 = await scrape(vllm.url + "/metrics")
     t0 = time.monotonic()
@@ -94,6 +104,7 @@ async def test_metrics_agree_with_vllm(
         assert warm.status == 200, await warm.text()
         await warm.read()
     ttft_rows = []
+    engine_rows: list[tuple[str, dict[str, float]]] = []
     before = v0
     assert vllm.proc is not None
     with Boost(), WaitMeter(proxy="self", vllm=vllm.proc.pid) as meter:
@@ -102,10 +113,11 @@ async def test_metrics_agree_with_vllm(
                 rid = f"seq-{i}"
                 cap = await stream(http, proxy.url, chat(prompts.text(size), 16), rid)
                 assert cap.status == 200, cap.body[:300]
-                theirs, before = await _vllm_ttft_of_next(vllm, before)
+                seen, before = await _vllm_next(vllm, before)
                 ours = proxy.sink.requests[rid].ttft_s
                 assert ours is not None
-                ttft_rows.append((rid, size, ours, theirs))
+                ttft_rows.append((rid, size, ours, seen[VLLM_TTFT]))
+                engine_rows.append((rid, seen))
 
     # 2. A few streams and a long prompt, concurrently.
     run = await stutter_run(proxy, prompts, streams=STREAMS, stream_tokens=48, long_tokens=1500,
@@ -178,6 +190,23 @@ async def test_metrics_agree_with_vllm(
         allowed = near + SLACK_SHARE * n_theirs
         checks.append((le, ours_gaps[le], theirs_gaps[le], allowed))
         lines.append(_row(f"le {le:g} s (allowed {allowed:.0f})", ours_gaps[le], theirs_gaps[le]))
+    if vllm.per_request_metrics:
+        lines.append(
+            "  the engine's own timings, per-request metrics against vLLM's histograms (ms):"
+        )
+        for rid, seen in engine_rows:
+            t = proxy.sink.requests[rid].backend_timings
+            lines.append(_row(f"{rid} queue", (t.queue_s or 0) * 1e3 if t else 0,
+                              seen[VLLM_QUEUE] * 1e3, "ms"))  # fmt: skip
+            lines.append(_row(f"{rid} prefill", (t.prefill_s or 0) * 1e3 if t else 0,
+                              seen[VLLM_PREFILL] * 1e3, "ms"))  # fmt: skip
+    else:
+        lines.append(f"  vLLM {vllm.version} has no --enable-per-request-metrics: the engine's "
+                     "queue time is not in its answers, so it is not compared")  # fmt: skip
+    per_event = [r.tokens_per_event for r in proxy.sink.requests.values()]
+    per_event_known = [v for v in per_event if v is not None]
+    lines.append(f"  tokens per output event: median {statistics.median(per_event_known):.3f}, "
+                 f"max {max(per_event_known):.3f} over {len(per_event_known)} streams")  # fmt: skip
     lines.append("  sequential phase: " + meter.result.line())
     lines.append("  concurrent phase: " + run.contention.line())
     with capsys.disabled():
@@ -203,5 +232,32 @@ async def test_metrics_agree_with_vllm(
     assert statistics.median(excess) <= slack, excess
     # Merged events: fewer gaps on the wire than tokens generated, never more.
     assert n_theirs * (1 - MERGED_SHARE) <= n_ours <= n_theirs
+    # No speculative decoding: one token per event, but for those merges.
+    records = list(proxy.sink.requests.values())
+    assert len(per_event_known) == len(records)  # the proxy asked for usage on every stream
+    assert statistics.median(per_event_known) == 1.0
+    tokens = sum(r.completion_tokens or 0 for r in records)
+    events = sum(r.output_events for r in records)
+    assert events <= tokens <= events / (1 - MERGED_SHARE)
+    per_event_hist = names.TOKENS_PER_EVENT.prom_name
+    assert ours_all.sum(per_event_hist + "_count") == len(records)
+    assert ours_all.sum(per_event_hist + "_sum") == pytest.approx(sum(per_event_known))
+    assert ours_all.sum(names.ACCEPTANCE_LENGTH.prom_name + "_count") == 0
+    if vllm.per_request_metrics:
+        for rid, seen in engine_rows:
+            t = proxy.sink.requests[rid].backend_timings
+            assert t is not None, f"{rid}: vLLM sent no per-request metrics"
+            assert t.queue_s is not None
+            assert t.prefill_s is not None
+            assert abs(t.queue_s - seen[VLLM_QUEUE]) <= ENGINE_TIMING_TOLERANCE_S, (rid, t, seen)
+            assert abs(t.prefill_s - seen[VLLM_PREFILL]) <= ENGINE_TIMING_TOLERANCE_S, (rid, t)
+            # The proxy's queue time holds the engine's, and transport and tokenising too.
+            queue = proxy.sink.requests[rid].queue_time_s
+            assert queue is not None
+            assert queue >= t.queue_s - ENGINE_TIMING_TOLERANCE_S, (rid, queue, t)
+        assert ours_all.sum(names.QUEUE_TIME.prom_name + "_count") >= len(engine_rows)
+    else:
+        assert all(r.backend_timings is None for r in records)
+        assert ours_all.sum(names.QUEUE_TIME.prom_name + "_count") == 0
     for le, a, b, allowed in checks:
         assert abs(a - b) <= allowed, f"le {le}: {a} vs {b}, allowed {allowed}"

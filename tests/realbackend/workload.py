@@ -85,16 +85,20 @@ async def stutter_run(
     stagger_s: float = 0.03,
     tag: str = "run",
     watch: dict[str, int] | None = None,
+    usage: bool = False,
 ) -> StutterRun:
     """Run the workload against ``proxy`` (client in its own process).
 
-    ``watch``: more processes (name to pid) whose CPU waits are measured.
+    ``watch``: more processes (name to pid) whose CPU waits are measured. ``usage``: the
+    short streams ask for a usage chunk themselves (``stream_options.include_usage``).
     """
     long_text = prompts.text(long_tokens)
+    extra = {"stream_options": {"include_usage": True}} if usage else {}
     plan = {
         "url": proxy.url,
         "streams": [
-            [f"{tag}-stream-{i}", chat(prompts.text(24), stream_tokens)] for i in range(streams)
+            [f"{tag}-stream-{i}", chat(prompts.text(24), stream_tokens, **extra)]
+            for i in range(streams)
         ],
         "stagger_s": stagger_s,
         "warm_events": warm_events,

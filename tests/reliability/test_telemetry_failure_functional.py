@@ -19,8 +19,8 @@ from proxy.edge.server import start_proxy
 from tests.reliability.helpers import CHAT, chat_body, fetch
 from tests.reliability.streams import stream_events, visible_bytes
 
-SINK_METHODS = ("request_started", "gap", "request_finished", "decoder_error", "unobserved",
-                "stall", "prefill_done")  # fmt: skip
+SINK_METHODS = ("request_started", "first_token", "gap", "request_finished", "decoder_error",
+                "unobserved", "stall", "prefill_done")  # fmt: skip
 BAD_EVENT = b"data: {not json\n\n"
 
 
@@ -66,6 +66,7 @@ def _expected(seed: int) -> bytes:
     [
         "all",
         "request_started",
+        "first_token",
         "gap",
         "decoder_error",
         "request_finished",

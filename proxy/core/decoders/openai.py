@@ -5,7 +5,9 @@ DESIGN.md: a chunk carrying non-empty ``content``, ``reasoning_content`` or
 ``reasoning``, a ``tool_calls`` delta (chat), or non-empty ``text``
 (completions). The role-only first chunk, empty deltas, the finish chunk with
 an empty delta and the usage-only chunk are not output events. Covers vLLM,
-SGLang, TGI's OpenAI route, llama.cpp's server, Ollama's /v1 and OpenAI.
+SGLang, TGI's OpenAI route, llama.cpp's server, Ollama's /v1 and OpenAI. The
+engine's own per-request timings (vLLM's ``metrics``, SGLang's ``meta_info``)
+are read by ``proxy.core.decoders.engine_metrics``.
 
 Pure: no I/O, never raises on bad data (returns ``None`` for "not decodable").
 """
@@ -18,6 +20,7 @@ from typing import Any
 
 from orjson import loads
 
+from proxy.core.decoders.engine_metrics import engine_timings
 from proxy.core.records import BackendTimings
 
 DONE = "[DONE]"
@@ -56,7 +59,7 @@ class ChunkInfo:
     error: str = ""
     """Error type or message class when the chunk is an error object."""
     backend_timings: BackendTimings | None = None
-    """Timings the backend reported about itself in this chunk (llama.cpp, Ollama)."""
+    """Timings the backend reported about itself in this chunk (llama.cpp, Ollama, vLLM, SGLang)."""
     status: str = ""
     """Terminal status when the format reports one (``completed``, ``incomplete``, ``failed``)."""
 
@@ -155,6 +158,8 @@ def interpret_object(obj: dict[str, Any], *, known_ids: bool = False) -> ChunkIn
     rid = obj.get("id")
     if not output and not reasons and usage is None and not isinstance(model, str):
         return _NOT_OUTPUT
+    # The engine's own timings ride the usage chunk (vLLM) or the finishing choice (SGLang).
+    timings = engine_timings(obj, choices) if raw_usage is not None or reasons else None
     return ChunkInfo(
         output=output,
         usage=usage,
@@ -162,4 +167,5 @@ def interpret_object(obj: dict[str, Any], *, known_ids: bool = False) -> ChunkIn
         finish_reasons=tuple(reasons),
         model=model if isinstance(model, str) else "",
         response_id=rid if isinstance(rid, str) else "",
+        backend_timings=timings,
     )

@@ -17,11 +17,15 @@ class Recorder:
         self.started = 0
         self.gaps: list[float] = []
         self.records: list[RequestRecord] = []
+        self.first_tokens: list[tuple] = []
 
     def request_started(self, labels):
         self.started += 1
 
-    def gap(self, labels, gap_s, request_id):
+    def first_token(self, labels, ttft_s, upstream_ttft_s, request_id, trace_id=""):
+        self.first_tokens.append((ttft_s, upstream_ttft_s, request_id, trace_id))
+
+    def gap(self, labels, gap_s, request_id, trace_id=""):
         self.gaps.append(gap_s)
 
     def request_finished(self, record):
@@ -85,10 +89,39 @@ def test_seed_single_request_figures():
     assert watch.calls[-1][0] == "finished"
 
 
+def test_first_token_reported_once_at_the_first_output_event():
+    sink, watch = Recorder(), Watch()
+    t = StreamTimer("r1", LABELS, arrival_ns=0, start_unix_ns=5, sink=sink, watcher=watch)
+    t.trace_id = "ab" * 16
+    t.forwarded(2 * MS)
+    t.chunk(ChunkInfo(output=False, model="m"), 5 * MS)  # role chunk: not an output event
+    assert sink.first_tokens == []
+    t.chunk(OUT, 40 * MS)
+    # Live: reported before any gap and before the end, with both TTFTs and the trace id.
+    assert sink.first_tokens == [(pytest.approx(0.040), pytest.approx(0.038), "r1", "ab" * 16)]
+    assert sink.records == []
+    for ms in (60, 80):
+        t.chunk(OUT, ms * MS)
+    rec = t.finish(90 * MS, Outcome.CLIENT_DISCONNECT, 200, "client_disconnect")
+    assert len(sink.first_tokens) == 1
+    assert sink.first_tokens[0][0] == rec.ttft_s
+
+
+def test_no_first_token_without_output():
+    sink = Recorder()
+    t = StreamTimer("r1", LABELS, arrival_ns=0, start_unix_ns=5, sink=sink)
+    t.chunk(ChunkInfo(output=False, model="m"), 5 * MS)
+    rec = t.finish(9 * MS, Outcome.UPSTREAM_ERROR, 200, "ClientPayloadError")
+    assert sink.first_tokens == []
+    assert rec.ttft_s is None
+    assert rec.tokens_per_event is None
+
+
 def test_tpot_uses_backend_token_count():
     # 3 output events but the backend says 7 tokens (events can carry several tokens).
     rec, _, _ = run([100, 160, 220], Usage(prompt_tokens=4, completion_tokens=7, cached_tokens=0))
     assert rec.output_tokens == 7
+    assert rec.tokens_per_event is None  # not a stream (the relay sets streamed)
     assert rec.tpot_s == pytest.approx(0.120 / 6)
     assert rec.prefix_cache == "miss"
     assert rec.max_gap_s == pytest.approx(0.060)

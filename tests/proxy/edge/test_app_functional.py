@@ -99,10 +99,13 @@ async def test_stream_bytes_exact_and_timing_recorded(upstream, proxy_factory):
     sent = json.loads(upstream.requests[0]["body"])
     assert sent["stream_options"] == {"include_usage": True}
 
-    ttft_sum = sample(
-        p, "gen_ai_server_time_to_first_token_seconds_sum", tokenstamp_prefix_cache="hit"
-    )
+    ttft_sum = sample(p, "gen_ai_server_time_to_first_token_seconds_sum")
     assert ttft_sum == pytest.approx(0.20, abs=0.05)
+    cache_ttft = "tokenstamp_prefix_cache_time_to_first_token_seconds_sum"
+    assert sample(p, cache_ttft, tokenstamp_prefix_cache="hit") == ttft_sum
+    # One token per chunk: completion tokens (4) / output events (4).
+    assert sample(p, "tokenstamp_stream_tokens_per_event_sum") == 1.0
+    assert sample(p, "tokenstamp_stream_tokens_per_event_count") == 1
     gap = "gen_ai_client_operation_time_per_output_chunk_seconds"
     assert sample(p, gap + "_count") == 3
     assert sample(p, gap + "_sum") == pytest.approx(0.40, abs=0.06)
@@ -207,8 +210,10 @@ async def test_non_streaming_usage_and_duration(upstream, proxy_factory):
     assert "stream_options" not in json.loads(upstream.requests[0]["body"])
     assert sample(p, "gen_ai_client_token_usage_sum", gen_ai_token_type="input") == 5
     assert sample(p, "gen_ai_server_request_duration_seconds_sum", error_type="") >= 0.1
-    assert sample(p, "gen_ai_server_time_to_first_token_seconds_count",
+    assert sample(p, "gen_ai_server_time_to_first_token_seconds_count") is None
+    assert sample(p, "tokenstamp_prefix_cache_time_to_first_token_seconds_count",
                   tokenstamp_prefix_cache="unknown") is None  # fmt: skip
+    assert sample(p, "tokenstamp_stream_tokens_per_event_count") is None
 
 
 async def test_other_routes_forwarded_with_headers_and_query(upstream, proxy_factory):

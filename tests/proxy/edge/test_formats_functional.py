@@ -57,7 +57,8 @@ async def test_format_through_the_proxy(upstream, proxy_factory, s: fd.Scripted)
         return v or 0.0
 
     assert sample(names.GAP, "_count") == len(e.gaps_s)
-    assert sample(names.TTFT, "_count", tokenstamp_prefix_cache=_cache(e)) == (
+    assert sample(names.TTFT, "_count") == (1 if e.ttft_s is not None else 0)
+    assert sample(names.PREFIX_CACHE_TTFT, "_count", tokenstamp_prefix_cache=_cache(e)) == (
         1 if e.ttft_s is not None else 0
     )
     for kind, count in (("input", e.prompt_tokens), ("output", e.completion_tokens)):

@@ -43,6 +43,9 @@ class Recorder:
     def request_started(self, labels):
         pass
 
+    def first_token(self, labels, ttft_s, upstream_ttft_s, request_id, trace_id=""):
+        pass
+
     def gap(self, labels, gap_s, request_id):
         self.gaps.append(gap_s)
 
