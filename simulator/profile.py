@@ -178,6 +178,23 @@ def _int_or(data: Mapping[str, object], key: str, default: int) -> int:
     return value if isinstance(value, int) else default
 
 
+def profile_to_mapping(profile: Profile) -> dict[str, object]:
+    """The JSON object :func:`profile_from_mapping` reads back as ``profile``."""
+    cost = profile.cost
+    return {
+        "name": profile.name,
+        "decode_base_s": cost.decode_base_s,
+        "decode_per_seq_s": cost.decode_per_seq_s,
+        "prefill_s_per_token": cost.prefill_s_per_token,
+        "chunk_size": cost.chunk_size,
+        "max_num_seqs": cost.max_num_seqs,
+        "output_tokens": profile.output_tokens,
+        "model": profile.model,
+        "max_model_len": profile.max_model_len,
+        **profile.techniques.to_mapping(),
+    }
+
+
 def load_profile(name_or_path: str | Path) -> Profile:
     """A built-in profile by name, else a JSON profile file; ValueError names what is wrong."""
     if isinstance(name_or_path, str) and name_or_path in BUILTIN_PROFILES:
