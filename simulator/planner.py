@@ -43,6 +43,7 @@ from simulator.steps import (
     Phase,
     PrefillPiece,
     SequenceSpec,
+    StepOutput,
     StepPlan,
     StepResult,
 )
@@ -293,7 +294,7 @@ class StepPlanner:
         if plan is not self._pending:
             raise RuntimeError("commit: not the planned step")
         self._pending = None
-        out = _Output()
+        out = StepOutput()
         for piece in plan.prefill:
             seq = self._running.get(piece.response_id)
             if seq is not None:
@@ -339,7 +340,7 @@ class StepPlanner:
         start_ns: int,
         end_ns: int,
         step: int,
-        out: _Output,
+        out: StepOutput,
     ) -> None:
         spec = seq.spec
         if seq.prefill_start_ns is None:
@@ -375,7 +376,7 @@ class StepPlanner:
             out.handoffs.append(handoff)
             self._hand_off(handoff)
 
-    def _emit(self, seq: _Sequence, step: int, end_ns: int, out: _Output) -> None:
+    def _emit(self, seq: _Sequence, step: int, end_ns: int, out: StepOutput) -> None:
         spec = seq.spec
         out.tokens.append(
             TokenRecord(spec.response_id, spec.x_request_id, seq.emitted, step, end_ns)
@@ -394,15 +395,3 @@ class StepPlanner:
                     end_ns,
                 )
             )
-
-
-class _Output:
-    """Records a step's commit collects (planner-internal)."""
-
-    __slots__ = ("finishes", "handoffs", "prefills", "tokens")
-
-    def __init__(self) -> None:
-        self.tokens: list[TokenRecord] = []
-        self.prefills: list[PrefillRecord] = []
-        self.finishes: list[FinishRecord] = []
-        self.handoffs: list[Handoff] = []

@@ -109,3 +109,15 @@ class Handoff:
     """Prompt tokens its prefill found in the prefix cache."""
     emitted: int
     """Tokens already emitted (1: the first token came with the KV)."""
+
+
+class StepOutput:
+    """The records one step's commit collects, in order (the planner's scratch list)."""
+
+    __slots__ = ("finishes", "handoffs", "prefills", "tokens")
+
+    def __init__(self) -> None:
+        self.tokens: list[TokenRecord] = []
+        self.prefills: list[PrefillRecord] = []
+        self.finishes: list[FinishRecord] = []
+        self.handoffs: list[Handoff] = []
