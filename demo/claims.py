@@ -204,7 +204,7 @@ def render_techniques(results: Mapping[str, Any]) -> str:
     w = results["workload"]
     lines = [
         f"Which technique targets which: {w['streams']} streams decoding, "
-        f"{w['long_prompts']} {w['long_prompt_tokens']:,}-token prompts arriving "
+        f"{w['long_prompts']} prompts of {w['long_prompt_tokens']:,} tokens arriving "
         f"{w['long_spacing_s']:g} s apart",
         f"that share a {w['shared_prefix_tokens']:,}-token prefix; measured by the proxy "
         "(TTFT of the prompts, the rest of the 40 streams)",
