@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-vllm install-vllm install install-test deps-system lint fmt bench clean dashboards chart-sync
+.PHONY: demo demo-techniques test test-vllm install-vllm install install-test deps-system lint fmt bench clean dashboards chart-sync
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -15,6 +15,10 @@ install: $(BIN)/python
 ## The main job on the embedded default: simulator -> proxy -> load, the seed's tables.
 demo: install
 	$(BIN)/tokenstamp demo
+
+## The seed's map of optimisations: one workload on a baseline and on each technique.
+demo-techniques: install
+	$(BIN)/tokenstamp demo --techniques
 
 ## System packages the tests need (prometheus server and promtool, node + npm for the
 ## dashboard schema check, chromium for the timeline's browser test). Only what is

@@ -9,7 +9,8 @@ to the seed's figures and the cost model's prediction:
    how long the processes waited for a CPU meanwhile: model vs engine is the
    simulator keeping to its cost model, engine vs proxy is delivery.
 2. One 480-token answer alone (the seed's first table).
-``--json`` prints the results machine-readably; ``--serve`` keeps a simulator
+``--json`` prints the results machine-readably; ``--techniques`` runs the
+seed's map of optimisations instead (:mod:`demo.techniques`); ``--serve`` keeps a simulator
 and proxy running afterwards for Prometheus to scrape (and ``/timeline`` to
 watch). Each stutter run is also drawn, as the ``/timeline`` page shows it, into
 ``--out`` (default ``./tokenstamp-demo/``): a PNG and a self-contained HTML file.
@@ -33,6 +34,7 @@ from prometheus_client import CollectorRegistry
 from demo.pictures import pictures_report, replay_snapshot, write_run_pictures
 from demo.report import render
 from demo.scenarios import SingleMeasurement, StutterMeasurement, run_single, run_stutter
+from demo.techniques import main as techniques_main
 from exporters.prometheus import PrometheusSink
 from proxy.config import HostPort, ProxyConfig
 from proxy.core.records import Backend, PrefillRecord, RequestRecord, StallCause, StallRecord
@@ -318,8 +320,10 @@ async def _single(show: Any) -> dict[str, Any]:
 
 async def _main(args: argparse.Namespace) -> int:
     show = _progress(args.json)
-    results: dict[str, Any] = {}
     out: Path | None = None if args.no_pictures else args.out
+    if args.techniques:
+        return await techniques_main(args.json, out, show)
+    results: dict[str, Any] = {}
     results["unchunked"] = await _stutter("unchunked", None, show, out)
     results["chunked"] = await _stutter("chunked", CHUNK, show, out)
     results["single"] = await _single(show)
@@ -375,6 +379,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="where the pictures of the two runs go, PNG and HTML (default ./tokenstamp-demo)",
     )
     p.add_argument("--no-pictures", action="store_true", help="draw no pictures")
+    p.add_argument(
+        "--techniques",
+        action="store_true",
+        help="instead, run one workload on a baseline and on each of the seed's techniques "
+        "(prefix reuse, speculative decoding, KV budget, static batching, disaggregation)",
+    )
     p.add_argument(
         "--serve",
         action="store_true",

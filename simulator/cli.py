@@ -129,7 +129,8 @@ async def _serve(config: EngineConfig, host: str, port: int) -> None:
     print(
         f"tokenstamp simulate: {sim.url} profile={config.profile.name} "
         f"chunk_size={cost.chunk_size} max_num_seqs={cost.max_num_seqs} "
-        f"prefix_cache={config.prefix_cache}",
+        f"prefix_cache={config.prefix_cache} "
+        f"techniques={','.join(config.profile.techniques.to_mapping()) or 'none'}",
         file=sys.stderr,
         flush=True,
     )

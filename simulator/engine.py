@@ -1,12 +1,14 @@
 """The simulated inference engine: the step planner run in real time with asyncio.
 
 One background task loops: plan a step, sleep until the step's end on the
-monotonic clock, commit it, hand each emitted token to its request's queue and
-record the ground truth. Sleep overshoot does not accumulate: back-to-back steps
-are scheduled on an ideal timeline (step ``k`` ends at the ideal end of step
-``k - 1`` plus its modelled duration); when the engine has fallen more than 5 ms
-behind (a GC pause, an overloaded machine) the timeline restarts from now
-instead of bursting to catch up. With nothing to do the loop waits on an event.
+monotonic clock, commit it, hand each request's tokens of the step to its queue
+(one event; several tokens with speculative decoding) and record the ground
+truth. Disaggregated, each pool has such a loop of its own. Sleep overshoot does
+not accumulate: back-to-back steps are scheduled on an ideal timeline (step
+``k`` ends at the ideal end of step ``k - 1`` plus its modelled duration); when
+the engine has fallen more than 5 ms behind (a GC pause, an overloaded machine)
+the timeline restarts from now instead of bursting to catch up. With nothing to
+do the loop waits on an event (static batching: or until its batch has filled).
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
+from simulator.disaggregated import DisaggregatedPlanner
 from simulator.planner import SequenceSpec, StepPlanner, StepResult
 from simulator.profile import Profile
 from simulator.records import GroundTruth
@@ -62,11 +65,13 @@ class TokenEvent:
     """One output token delivered to a request's handler."""
 
     index: int
-    """0 for the first token."""
+    """Index of the event's first token (0 for the first token)."""
     emit_ns: int
     """Monotonic time the engine emitted it (end of its step)."""
     finish_reason: Literal["length", "stop"] | None
-    """Set on the request's last token."""
+    """Set on the event holding the request's last token."""
+    tokens: int = 1
+    """Tokens in the event: emitted by one step (more than 1 with speculative decoding)."""
 
 
 class RequestHandle:
@@ -112,10 +117,17 @@ class Engine:
         """Records of every step, token, prefill and finish."""
         self._clock_ns = clock_ns
         self._cache = PrefixCache(config.prefix_cache_blocks) if config.prefix_cache else None
-        self._planner = StepPlanner(config.profile.cost, self._cache)
+        profile = config.profile
+        self._planner: StepPlanner | DisaggregatedPlanner
+        if profile.techniques.disaggregated is not None:
+            self._planner = DisaggregatedPlanner(profile.cost, self._cache, profile.techniques)
+            self._lanes: tuple[StepPlanner, ...] = self._planner.lanes
+        else:
+            self._planner = StepPlanner(profile.cost, self._cache, profile.techniques)
+            self._lanes = (self._planner,)
         self._handles: dict[str, RequestHandle] = {}
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._wakes = tuple(asyncio.Event() for _ in self._lanes)
+        self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
 
     @property
@@ -142,17 +154,22 @@ class Engine:
         """Start the step loop (idempotent)."""
         if self._closed:
             raise RuntimeError("engine: closed")
-        if self._task is None:
+        if not self._tasks:
             self.ground_truth.open()
-            # A strong reference lives in self._task until close().
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="sim-engine")
+            loop = asyncio.get_running_loop()
+            # Strong references live in self._tasks until close().
+            self._tasks = [
+                loop.create_task(self._run(lane, wake), name=f"sim-engine-{i}")
+                for i, (lane, wake) in enumerate(zip(self._lanes, self._wakes, strict=True))
+            ]
 
     async def close(self) -> None:
         """Stop the loop; pending requests get None (idempotent)."""
         self._closed = True
-        task, self._task = self._task, None
-        if task is not None:
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
             task.cancel()
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._fail_all()
@@ -169,7 +186,7 @@ class Engine:
         block_hashes: tuple[bytes, ...] = (),
     ) -> RequestHandle:
         """Queue a request (FIFO); its handle yields its tokens as steps emit them."""
-        if self._closed or self._task is None or self._task.done():
+        if self._closed or not self._tasks or any(t.done() for t in self._tasks):
             raise RuntimeError("engine: not running")
         spec = SequenceSpec(
             response_id=response_id,
@@ -183,7 +200,7 @@ class Engine:
         self._planner.add(spec)
         handle = RequestHandle(spec)
         self._handles[response_id] = handle
-        self._wake.set()
+        self._wake_all()
         return handle
 
     def abort(self, response_id: str) -> bool:
@@ -202,15 +219,25 @@ class Engine:
         if self._cache is not None:
             self._cache.clear()
 
-    async def _run(self) -> None:
+    def _wake_all(self) -> None:
+        for wake in self._wakes:
+            wake.set()
+
+    async def _run(self, lane: StepPlanner, wake: asyncio.Event) -> None:
         ideal_end_ns: int | None = None
         try:
             while True:
-                plan = self._planner.plan()
+                wake.clear()
+                plan = lane.plan(self._clock_ns())
                 if plan is None:
                     ideal_end_ns = None
-                    self._wake.clear()
-                    await self._wake.wait()
+                    admit_ns = lane.next_admission_ns()
+                    if admit_ns is None:
+                        await wake.wait()
+                    else:  # static batching: the batch fills until then
+                        with contextlib.suppress(TimeoutError):
+                            delay_s = max(0, admit_ns - self._clock_ns()) / 1e9
+                            await asyncio.wait_for(wake.wait(), delay_s)
                     continue
                 start_ns = self._clock_ns()
                 duration_ns = round(plan.duration_s * 1e9)
@@ -221,7 +248,9 @@ class Engine:
                 # Always yield once, so handlers write even when the engine runs late.
                 await asyncio.sleep(max(0, target_ns - self._clock_ns()) / 1e9)
                 end_ns = self._clock_ns()
-                self._deliver(self._planner.commit(plan, start_ns, end_ns))
+                self._deliver(lane.commit(plan, start_ns, end_ns))
+                # A handoff, or room made in the batch, may give another lane work.
+                self._wake_all()
                 ideal_end_ns = target_ns
         except asyncio.CancelledError:
             raise
@@ -237,14 +266,19 @@ class Engine:
             handle = self._handles.get(prefill.response_id)
             if handle is not None:
                 handle.cached_tokens = prefill.cached_tokens
+        events: dict[str, TokenEvent] = {}  # a request's tokens of one step: one event
         for token in result.tokens:
-            handle = self._handles.get(token.response_id)
+            first = events.get(token.response_id)
+            if first is None:
+                events[token.response_id] = TokenEvent(token.index, token.emit_ns, None)
+            else:
+                events[token.response_id] = replace(first, tokens=first.tokens + 1)
+        for response_id, event in events.items():
+            handle = self._handles.get(response_id)
             if handle is None:
                 continue
-            reason = finish_reasons.get(token.response_id)
-            handle._put(
-                TokenEvent(token.index, token.emit_ns, reason if reason != "abort" else None)
-            )
+            reason = finish_reasons.get(response_id)
+            handle._put(replace(event, finish_reason=reason if reason != "abort" else None))
         for finish in result.finishes:
             self._handles.pop(finish.response_id, None)
         self.ground_truth.extend((result.step, *result.prefills, *result.tokens, *result.finishes))

@@ -209,9 +209,10 @@ class ResponseFormat:
         }
         return sse(self._envelope([choice], final=False))
 
-    def token_chunk(self, index: int, finish_reason: str | None) -> bytes:
-        """The event carrying token ``index``; the last one carries the finish reason."""
-        text = token_text(index)
+    def token_chunk(self, index: int, finish_reason: str | None, tokens: int = 1) -> bytes:
+        """The event carrying ``tokens`` tokens from ``index`` on (several when one step
+        emitted them, as vLLM streams speculative decoding); the last carries the finish reason."""
+        text = "".join(token_text(i) for i in range(index, index + tokens))
         choice: dict[str, object]
         if self.operation is Operation.CHAT:
             choice = {

@@ -18,47 +18,47 @@ Scheduling (FIFO throughout):
 - A sequence whose prefill completes emits its first token at the end of that
   step; every decoded sequence emits one. A sequence is done when it has emitted
   its output length, and leaves the batch.
-"""
+
+The batch has room while it holds fewer than ``max_num_seqs`` sequences and,
+with a KV budget, fewer than the budget's ``max_seqs``. The other techniques
+(:mod:`simulator.techniques`) change these rules only when they are on:
+speculative decoding lets a decoded sequence emit ``1 + accepted`` tokens per
+step at a higher step cost; static batching admits a whole batch into one step
+and nothing more until the batch is done; a planner built with ``hand_off`` is a
+disaggregated prefill pool (it never decodes; a prefilled sequence leaves with
+its first token, after its KV transfer, for the decode pool's
+:meth:`StepPlanner.add_prefilled`)."""
 
 from __future__ import annotations
 
+import random
 from collections import deque
-from dataclasses import dataclass
-from enum import StrEnum
+from collections.abc import Callable
 from typing import Literal
 
 from simulator.cost import CostModel
 from simulator.records import FinishRecord, PrefillRecord, StepRecord, TokenRecord
+from simulator.steps import (
+    Handoff,
+    Phase,
+    PrefillPiece,
+    SequenceSpec,
+    StepOutput,
+    StepPlan,
+    StepResult,
+)
+from simulator.techniques import Techniques
 from simulator.tokens import PrefixCache
 
-
-class Phase(StrEnum):
-    """Where a sequence is in its life."""
-
-    WAITING = "waiting"
-    PREFILLING = "prefilling"
-    DECODING = "decoding"
-    FINISHED = "finished"
-
-
-@dataclass(frozen=True, slots=True)
-class SequenceSpec:
-    """A request as the planner needs it."""
-
-    response_id: str
-    """Unique id of the request (its response id)."""
-    x_request_id: str | None
-    """The client's ``X-Request-Id`` header, if any (copied into records)."""
-    prompt_tokens: int
-    """Prompt length (tokens), >= 1."""
-    output_tokens: int
-    """Tokens to emit, >= 1."""
-    finish_reason: Literal["length", "stop"]
-    """Reason reported when ``output_tokens`` are out."""
-    arrival_ns: int
-    """Monotonic time the engine received it."""
-    block_hashes: tuple[bytes, ...] = ()
-    """Prefix-cache block hashes of the prompt (empty: never a cache hit)."""
+__all__ = [
+    "Handoff",
+    "Phase",
+    "PrefillPiece",
+    "SequenceSpec",
+    "StepPlan",
+    "StepPlanner",
+    "StepResult",
+]
 
 
 class _Sequence:
@@ -84,66 +84,32 @@ class _Sequence:
         self.prefill_steps = 0
 
 
-@dataclass(frozen=True, slots=True)
-class PrefillPiece:
-    """Prompt tokens of one request computed in a step."""
-
-    response_id: str
-    """The request."""
-    x_request_id: str | None
-    """The request's ``X-Request-Id`` header, if any."""
-    tokens: int
-    """Prompt tokens computed in this step."""
-    completes: bool
-    """True when this piece finishes the prompt (the request's first token comes out)."""
-
-
-@dataclass(frozen=True, slots=True)
-class StepPlan:
-    """The work of one step, fixed before it runs."""
-
-    step: int
-    """Step index."""
-    decode_ids: tuple[str, ...]
-    """Sequences decoding one token, in admission order."""
-    prefill: tuple[PrefillPiece, ...]
-    """Prefill pieces, in FIFO order."""
-    duration_s: float
-    """``cost.step_s(len(decode_ids), prefill_tokens)``."""
-
-    @property
-    def decode_batch(self) -> int:
-        """Number of decoding sequences."""
-        return len(self.decode_ids)
-
-    @property
-    def prefill_tokens(self) -> int:
-        """Prompt tokens computed in this step."""
-        return sum(piece.tokens for piece in self.prefill)
-
-
-@dataclass(frozen=True, slots=True)
-class StepResult:
-    """What a committed step produced, in record form."""
-
-    step: StepRecord
-    """The step itself."""
-    tokens: tuple[TokenRecord, ...]
-    """Tokens emitted at the step's end (first tokens included)."""
-    prefills: tuple[PrefillRecord, ...]
-    """Prefills that completed in the step."""
-    finishes: tuple[FinishRecord, ...]
-    """Requests that emitted their last token in the step."""
-
-
 class StepPlanner:
-    """Continuous-batching scheduler over a cost model; optional prefix cache."""
+    """Continuous-batching scheduler over a cost model; optional prefix cache and techniques."""
 
-    def __init__(self, cost: CostModel, prefix_cache: PrefixCache | None = None) -> None:
-        """Empty engine state for ``cost``; ``prefix_cache`` None disables caching."""
+    def __init__(
+        self,
+        cost: CostModel,
+        prefix_cache: PrefixCache | None = None,
+        techniques: Techniques | None = None,
+        *,
+        pool: Literal["mixed", "prefill", "decode"] = "mixed",
+        hand_off: Callable[[Handoff], None] | None = None,
+    ) -> None:
+        """Empty engine state for ``cost``; ``prefix_cache`` None disables caching.
+
+        ``pool`` names the accelerator in step records; ``hand_off`` (a prefill
+        pool's) receives every sequence whose prefill completed.
+        """
         self._cost = cost
         self._cache = prefix_cache
+        self._tech = techniques or Techniques()
+        self._pool = pool
+        self._hand_off = hand_off
+        spec = self._tech.speculative
+        self._rng = random.Random(spec.seed if spec is not None else 0)
         self._waiting: deque[_Sequence] = deque()
+        self._ready: deque[_Sequence] = deque()  # prefilled elsewhere, waiting for room
         self._running: dict[str, _Sequence] = {}  # insertion order = admission order
         self._pending: StepPlan | None = None
         self._next_step = 0
@@ -154,9 +120,14 @@ class StepPlanner:
         return self._cost
 
     @property
+    def techniques(self) -> Techniques:
+        """The techniques the planner applies."""
+        return self._tech
+
+    @property
     def num_waiting(self) -> int:
         """Requests not yet admitted."""
-        return len(self._waiting)
+        return len(self._waiting) + len(self._ready)
 
     @property
     def num_running(self) -> int:
@@ -173,7 +144,7 @@ class StepPlanner:
         seq = self._running.get(response_id)
         if seq is not None:
             return seq.phase
-        waiting = any(s.spec.response_id == response_id for s in self._waiting)
+        waiting = any(s.spec.response_id == response_id for s in (*self._waiting, *self._ready))
         return Phase.WAITING if waiting else None
 
     def cached_tokens(self, response_id: str) -> int:
@@ -181,24 +152,41 @@ class StepPlanner:
         seq = self._running.get(response_id)
         return 0 if seq is None else seq.cached
 
+    def next_admission_ns(self) -> int | None:
+        """When a plan that returned None for want of time may admit (static batching's fill
+        window); None when only a new request or a committed step can change the plan."""
+        static = self._tech.static_batching
+        if static is None or self._running or not self._waiting:
+            return None
+        return self._waiting[0].spec.arrival_ns + round(static.fill_s * 1e9)
+
     def add(self, spec: SequenceSpec) -> None:
         """Queue a request (FIFO)."""
         if spec.prompt_tokens < 1 or spec.output_tokens < 1:
             raise ValueError(f"{spec.response_id}: prompt_tokens and output_tokens must be >= 1")
-        if spec.response_id in self._running or any(
-            s.spec.response_id == spec.response_id for s in self._waiting
-        ):
+        if self.phase(spec.response_id) is not None:
             raise ValueError(f"{spec.response_id}: duplicate response id")
         self._waiting.append(_Sequence(spec))
+
+    def add_prefilled(self, handoff: Handoff) -> None:
+        """Take over a sequence prefilled by another pool; it decodes once the batch has room."""
+        if self.phase(handoff.spec.response_id) is not None:
+            raise ValueError(f"{handoff.spec.response_id}: duplicate response id")
+        seq = _Sequence(handoff.spec)
+        seq.phase = Phase.DECODING
+        seq.cached = handoff.cached_tokens
+        seq.computed = handoff.spec.prompt_tokens
+        seq.emitted = handoff.emitted
+        self._ready.append(seq)
 
     def abort(self, response_id: str, now_ns: int) -> FinishRecord | None:
         """Drop a request wherever it is; its finish record, or None if it was not live."""
         seq = self._running.pop(response_id, None)
-        if seq is None:
-            for candidate in self._waiting:
-                if candidate.spec.response_id == response_id:
+        for queue in (self._waiting, self._ready):
+            for candidate in queue:
+                if seq is None and candidate.spec.response_id == response_id:
                     seq = candidate
-                    self._waiting.remove(candidate)
+                    queue.remove(candidate)
                     break
         if seq is None:
             return None
@@ -208,15 +196,34 @@ class StepPlanner:
             spec.response_id, spec.x_request_id, "abort", seq.emitted, spec.arrival_ns, now_ns
         )
 
-    def plan(self) -> StepPlan | None:
-        """Fix the next step's work (admitting requests), or None when there is nothing to do."""
+    def _room(self) -> bool:
+        kv = self._tech.kv_budget
+        limit = self._cost.max_num_seqs if kv is None else min(self._cost.max_num_seqs, kv.max_seqs)
+        return len(self._running) < limit
+
+    def plan(self, now_ns: int | None = None) -> StepPlan | None:
+        """Fix the next step's work (admitting requests), or None when there is nothing to do.
+
+        ``now_ns`` matters only to static batching: before the fill window of
+        the first waiting request is over, nothing is admitted (None: admit now).
+        """
         if self._pending is not None:
             raise RuntimeError("plan: the previous step was not committed")
+        while self._ready and self._room():
+            seq = self._ready.popleft()
+            self._running[seq.spec.response_id] = seq
         decode_ids = tuple(rid for rid, s in self._running.items() if s.phase is Phase.DECODING)
         pieces: list[PrefillPiece] = []
         chunk = self._cost.chunk_size
-        if chunk is None:
-            if self._waiting and len(self._running) < self._cost.max_num_seqs:
+        if self._tech.static_batching is not None:
+            wake_ns = self.next_admission_ns()
+            if wake_ns is not None and (now_ns is None or now_ns >= wake_ns):
+                # The whole batch is prefilled in one pass, then decodes in lockstep.
+                while self._waiting and self._room():
+                    seq = self._admit()
+                    pieces.append(self._piece(seq, self._remaining(seq)))
+        elif chunk is None:
+            if self._waiting and self._room():
                 seq = self._admit()
                 pieces.append(self._piece(seq, self._remaining(seq)))
         else:
@@ -226,7 +233,7 @@ class StepPlanner:
                     break
                 if seq.phase is Phase.PREFILLING:
                     budget -= self._take(seq, budget, pieces)
-            while budget > 0 and self._waiting and len(self._running) < self._cost.max_num_seqs:
+            while budget > 0 and self._waiting and self._room():
                 budget -= self._take(self._admit(), budget, pieces)
         if not decode_ids and not pieces:
             return None
@@ -234,11 +241,25 @@ class StepPlanner:
             step=self._next_step,
             decode_ids=decode_ids,
             prefill=tuple(pieces),
-            duration_s=self._cost.step_s(len(decode_ids), sum(p.tokens for p in pieces)),
+            duration_s=self._duration_s(decode_ids, pieces),
+            waiting=self.num_waiting,
+            running=len(self._running),
         )
         self._next_step += 1
         self._pending = plan
         return plan
+
+    def _duration_s(self, decode_ids: tuple[str, ...], pieces: list[PrefillPiece]) -> float:
+        duration_s = self._cost.step_s(len(decode_ids), sum(p.tokens for p in pieces))
+        if self._tech.speculative is not None:
+            duration_s += self._tech.speculative.extra_s(len(decode_ids))
+        disaggregated = self._tech.disaggregated
+        if self._hand_off is not None and disaggregated is not None:
+            for piece in pieces:
+                if piece.completes:
+                    prompt = self._running[piece.response_id].spec.prompt_tokens
+                    duration_s += disaggregated.transfer_s(prompt)
+        return duration_s
 
     def _admit(self) -> _Sequence:
         seq = self._waiting.popleft()
@@ -273,39 +294,25 @@ class StepPlanner:
         if plan is not self._pending:
             raise RuntimeError("commit: not the planned step")
         self._pending = None
-        tokens: list[TokenRecord] = []
-        prefills: list[PrefillRecord] = []
-        finishes: list[FinishRecord] = []
+        out = StepOutput()
         for piece in plan.prefill:
             seq = self._running.get(piece.response_id)
-            if seq is None:
-                continue
-            spec = seq.spec
-            if seq.prefill_start_ns is None:
-                seq.prefill_start_ns = start_ns
-            seq.prefill_steps += 1
-            seq.computed += piece.tokens
-            if piece.completes:
-                seq.phase = Phase.DECODING
-                if self._cache is not None:
-                    self._cache.insert(spec.block_hashes)
-                prefills.append(
-                    PrefillRecord(
-                        spec.response_id,
-                        spec.x_request_id,
-                        spec.prompt_tokens,
-                        seq.cached,
-                        spec.arrival_ns,
-                        seq.prefill_start_ns,
-                        end_ns,
-                        seq.prefill_steps,
-                    )
-                )
-                self._emit(seq, plan.step, end_ns, tokens, finishes)
+            if seq is not None:
+                self._prefilled(seq, piece, start_ns, end_ns, plan.step, out)
+        speculative = self._tech.speculative
+        drafted = accepted = 0
         for response_id in plan.decode_ids:
             seq = self._running.get(response_id)
-            if seq is not None:
-                self._emit(seq, plan.step, end_ns, tokens, finishes)
+            if seq is None:
+                continue
+            n = 1
+            if speculative is not None:
+                drafted += speculative.draft_tokens
+                n = min(1 + speculative.accepted(self._rng), seq.spec.output_tokens - seq.emitted)
+                accepted += n - 1
+            for _ in range(n):
+                self._emit(seq, plan.step, end_ns, out)
+        kv = self._tech.kv_budget
         step = StepRecord(
             step=plan.step,
             start_ns=start_ns,
@@ -315,24 +322,70 @@ class StepPlanner:
             prefill_tokens=plan.prefill_tokens,
             prefill_response_ids=tuple(p.response_id for p in plan.prefill),
             prefill_x_request_ids=tuple(p.x_request_id for p in plan.prefill),
+            pool=self._pool,
+            waiting=plan.waiting,
+            running=plan.running,
+            kv_tokens_used=0 if kv is None else plan.running * kv.tokens_per_seq,
+            drafted_tokens=drafted,
+            accepted_tokens=accepted,
         )
-        return StepResult(step, tuple(tokens), tuple(prefills), tuple(finishes))
+        return StepResult(
+            step, tuple(out.tokens), tuple(out.prefills), tuple(out.finishes), tuple(out.handoffs)
+        )
 
-    def _emit(
+    def _prefilled(
         self,
         seq: _Sequence,
-        step: int,
+        piece: PrefillPiece,
+        start_ns: int,
         end_ns: int,
-        tokens: list[TokenRecord],
-        finishes: list[FinishRecord],
+        step: int,
+        out: StepOutput,
     ) -> None:
         spec = seq.spec
-        tokens.append(TokenRecord(spec.response_id, spec.x_request_id, seq.emitted, step, end_ns))
+        if seq.prefill_start_ns is None:
+            seq.prefill_start_ns = start_ns
+        seq.prefill_steps += 1
+        seq.computed += piece.tokens
+        if not piece.completes:
+            return
+        seq.phase = Phase.DECODING
+        if self._cache is not None:
+            self._cache.insert(spec.block_hashes)
+        disaggregated = self._tech.disaggregated
+        transfer_s = 0.0
+        if self._hand_off is not None and disaggregated is not None:
+            transfer_s = disaggregated.transfer_s(spec.prompt_tokens)
+        out.prefills.append(
+            PrefillRecord(
+                spec.response_id,
+                spec.x_request_id,
+                spec.prompt_tokens,
+                seq.cached,
+                spec.arrival_ns,
+                seq.prefill_start_ns,
+                end_ns,
+                seq.prefill_steps,
+                transfer_s,
+            )
+        )
+        self._emit(seq, step, end_ns, out)
+        if self._hand_off is not None and spec.response_id in self._running:
+            del self._running[spec.response_id]
+            handoff = Handoff(spec, seq.cached, seq.emitted)
+            out.handoffs.append(handoff)
+            self._hand_off(handoff)
+
+    def _emit(self, seq: _Sequence, step: int, end_ns: int, out: StepOutput) -> None:
+        spec = seq.spec
+        out.tokens.append(
+            TokenRecord(spec.response_id, spec.x_request_id, seq.emitted, step, end_ns)
+        )
         seq.emitted += 1
         if seq.emitted >= spec.output_tokens:
             seq.phase = Phase.FINISHED
             del self._running[spec.response_id]
-            finishes.append(
+            out.finishes.append(
                 FinishRecord(
                     spec.response_id,
                     spec.x_request_id,

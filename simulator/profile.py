@@ -8,6 +8,14 @@ a flat JSON object in a file (see ``simulator/profiles/seed.json``)::
      "output_tokens": 64, "model": "tokenstamp-sim", "max_model_len": 131072}
 
 Only the three cost keys are required. Bad input raises ValueError naming the key.
+The seed's techniques are optional objects (absent or null: off), each with its
+cost (see :mod:`simulator.techniques`)::
+
+    "speculative": {"draft_tokens": 4, "acceptance_rate": 0.7,
+                    "draft_s_per_token": 0.0005, "verify_s_per_token": 1e-05, "seed": 0},
+    "kv_budget": {"capacity_tokens": 131072, "tokens_per_seq": 2048},
+    "static_batching": {"fill_s": 0.2},
+    "disaggregated": {"kv_transfer_s_per_token": 5e-06}
 """
 
 from __future__ import annotations
@@ -15,18 +23,28 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import EllipsisType
 
 from simulator.cost import CostModel, seed_cost_model
+from simulator.techniques import TECHNIQUE_KEYS, Techniques, techniques_from_mapping
 
 DEFAULT_MODEL = "tokenstamp-sim"
 """Model name the simulator serves unless the profile names another."""
 
 _COST_KEYS = ("decode_base_s", "decode_per_seq_s", "prefill_s_per_token")
 _KNOWN_KEYS = frozenset(
-    {*_COST_KEYS, "chunk_size", "max_num_seqs", "name", "output_tokens", "model", "max_model_len"}
+    {
+        *_COST_KEYS,
+        *TECHNIQUE_KEYS,
+        "chunk_size",
+        "max_num_seqs",
+        "name",
+        "output_tokens",
+        "model",
+        "max_model_len",
+    }
 )
 
 
@@ -44,6 +62,8 @@ class Profile:
     """Model id listed by ``/v1/models`` and used when a request names none."""
     max_model_len: int = 131072
     """Largest prompt + output (tokens) a request may ask for; beyond it: HTTP 400."""
+    techniques: Techniques = field(default_factory=Techniques)
+    """The seed's optimisations the engine runs, with their costs (all off by default)."""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -61,6 +81,7 @@ class Profile:
         chunk_size: int | EllipsisType | None = ...,
         max_num_seqs: int | None = None,
         output_tokens: int | None = None,
+        techniques: Techniques | None = None,
     ) -> Profile:
         """This profile with some knobs replaced (``chunk_size=None`` means unchunked).
 
@@ -75,6 +96,7 @@ class Profile:
             self,
             cost=cost,
             output_tokens=self.output_tokens if output_tokens is None else output_tokens,
+            techniques=self.techniques if techniques is None else techniques,
         )
 
 
@@ -141,6 +163,7 @@ def profile_from_mapping(data: Mapping[str, object], *, default_name: str = "cus
         output_tokens=_int_or(data, "output_tokens", defaults.output_tokens),
         model=model if isinstance(model, str) else defaults.model,
         max_model_len=_int_or(data, "max_model_len", defaults.max_model_len),
+        techniques=techniques_from_mapping(data),
     )
 
 
@@ -153,6 +176,23 @@ def _is_number(value: object) -> bool:
 def _int_or(data: Mapping[str, object], key: str, default: int) -> int:
     value = data.get(key)
     return value if isinstance(value, int) else default
+
+
+def profile_to_mapping(profile: Profile) -> dict[str, object]:
+    """The JSON object :func:`profile_from_mapping` reads back as ``profile``."""
+    cost = profile.cost
+    return {
+        "name": profile.name,
+        "decode_base_s": cost.decode_base_s,
+        "decode_per_seq_s": cost.decode_per_seq_s,
+        "prefill_s_per_token": cost.prefill_s_per_token,
+        "chunk_size": cost.chunk_size,
+        "max_num_seqs": cost.max_num_seqs,
+        "output_tokens": profile.output_tokens,
+        "model": profile.model,
+        "max_model_len": profile.max_model_len,
+        **profile.techniques.to_mapping(),
+    }
 
 
 def load_profile(name_or_path: str | Path) -> Profile:

@@ -41,6 +41,19 @@ class StepRecord:
     """Response ids of the requests that had a prefill piece in this step."""
     prefill_x_request_ids: tuple[str | None, ...]
     """Their ``X-Request-Id`` headers, in the same order."""
+    pool: Literal["mixed", "prefill", "decode"] = "mixed"
+    """Which accelerator ran it: ``mixed`` (one does both), or a disaggregated pool."""
+    waiting: int = 0
+    """Requests queued (not admitted) while it ran: held back by the batch or KV limits."""
+    running: int = 0
+    """Sequences in the batch (prefilling or decoding) while it ran."""
+    kv_tokens_used: int = 0
+    """KV cache held by the running sequences (tokens), when a KV budget is set; else 0."""
+    drafted_tokens: int = 0
+    """Tokens drafted for checking (speculative decoding: draft length x decode batch)."""
+    accepted_tokens: int = 0
+    """Drafted tokens accepted; the step emitted ``decode_batch + accepted_tokens`` decode tokens
+    (fewer when a sequence reached its length first)."""
     type: Literal["step"] = "step"
     """Record type."""
 
@@ -56,7 +69,7 @@ class TokenRecord:
     index: int
     """0 for the first token (end of prefill), then 1, 2, ..."""
     step: int
-    """Index of the step that produced it."""
+    """Index of the step that produced it (several tokens per step with speculative decoding)."""
     emit_ns: int
     """Monotonic time the engine handed the token to the server (= its step's ``end_ns``)."""
     type: Literal["token"] = "token"
@@ -83,6 +96,8 @@ class PrefillRecord:
     """End of the step that finished it (its first token's emit time)."""
     steps: int
     """Number of steps that carried a piece of its prompt."""
+    transfer_s: float = 0.0
+    """KV transfer to the decode pool (s), inside the last step (disaggregated); else 0."""
     type: Literal["prefill"] = "prefill"
     """Record type."""
 

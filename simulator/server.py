@@ -86,8 +86,8 @@ async def _stream(
             if emitted == 0 and parsed.operation is Operation.CHAT:
                 # vLLM sends the role chunk when the first output arrives.
                 await response.write(fmt.role_chunk())
-            await response.write(fmt.token_chunk(event.index, event.finish_reason))
-            emitted += 1
+            await response.write(fmt.token_chunk(event.index, event.finish_reason, event.tokens))
+            emitted += event.tokens
             if event.finish_reason is not None:
                 if parsed.include_usage:
                     counts = usage(parsed.prompt_tokens, emitted, handle.cached_tokens)
@@ -110,7 +110,7 @@ async def _whole(
         event = await _next_event(request, handle)
         if event is None:
             return _error(503, "the simulator engine stopped")
-        emitted += 1
+        emitted += event.tokens
         finish_reason = event.finish_reason
     counts = usage(parsed.prompt_tokens, emitted, handle.cached_tokens)
     return web.Response(
@@ -213,6 +213,7 @@ async def state(request: web.Request) -> web.Response:
             "cost": asdict(profile.cost),
             "output_tokens": profile.output_tokens,
             "prefix_cache": engine.config.prefix_cache,
+            "techniques": profile.techniques.to_mapping(),
             "num_waiting": engine.num_waiting,
             "num_running": engine.num_running,
             "num_decoding": engine.num_decoding,
