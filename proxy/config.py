@@ -8,6 +8,7 @@ here, at start-up, and a bad value raises ``ConfigError`` naming the key.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -100,6 +101,9 @@ class ProxyConfig:
     """Seconds of streams, stalls and prefill windows the timeline keeps and shows."""
     log_level: str = "info"
     """Python logging level name."""
+    loop: str = "auto"
+    """Event loop: ``uvloop`` (libuv, less CPU per token), ``asyncio`` (the standard
+    library's), or ``auto``: uvloop where it is installed."""
 
     @property
     def backend_label(self) -> str:
@@ -186,6 +190,15 @@ def _level(key: str, value: str) -> str:
     return v
 
 
+def _loop(key: str, value: str) -> str:
+    v = value.strip().lower()
+    if v not in ("auto", "asyncio", "uvloop"):
+        raise ConfigError(f"{key}: expected auto, asyncio or uvloop, got {value!r}")
+    if v == "uvloop" and importlib.util.find_spec("uvloop") is None:
+        raise ConfigError(f"{key}: uvloop is not installed (pip install uvloop), or use asyncio")
+    return v
+
+
 def _name(key: str, value: str) -> str:
     if not value.isprintable() or len(value) > 128:
         raise ConfigError(f"{key}: must be printable and at most 128 characters")
@@ -261,6 +274,8 @@ SERVE_OPTIONS: tuple[_Opt, ...] = (
          "once a second (malloc_trim, ~0.25 ms a call); keeps RSS flat: true/false (default "
          "true)"),
     _Opt("log-level", "log_level", _level, "debug, info, warning, error (default info)"),
+    _Opt("loop", "loop", _loop, "event loop: uvloop, asyncio, or auto (uvloop where it is "
+         "installed; default auto)"),
 )  # fmt: skip
 
 

@@ -34,6 +34,7 @@ CONFIG_FLAGS = {
     "bodyTimeout": "body-timeout",
     "maxStreamDuration": "max-stream-duration",
     "logLevel": "log-level",
+    "loop": "loop",
     "stallRatio": "stall-ratio",
     "stallFloor": "stall-floor",
     "stallTolerance": "stall-tolerance",
