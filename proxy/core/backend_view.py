@@ -171,9 +171,14 @@ class BackendView:
     def gap(self, request_id: str, start_ns: int, end_ns: int) -> None:
         """A gap of one stream ended: judge it; a stall waits ``tol`` for its culprits."""
         try:
-            self._advance(end_ns)
-            self._active[request_id] = end_ns
-            self._active.move_to_end(request_id)
+            now = self._now_ns
+            if now is None or end_ns > now:
+                self._now_ns = end_ns
+            if self._pending or self._closed:  # ``_advance``, inlined: once per token
+                self._advance(end_ns)
+            active = self._active
+            active[request_id] = end_ns
+            active.move_to_end(request_id)
             if end_ns <= start_ns:
                 return  # two events of one read: not a gap anyone could see
             verdict = self._detector.observe(request_id, end_ns - start_ns)

@@ -232,33 +232,27 @@ class SseRelay(BodyRelay):
         if cutter is None:
             self.write(data)
             events = decoder.feed(data)
-            if events:
-                known = bool(timer.response_id or timer.response_model)
-                for ev in events:
-                    info = interpret(ev.data, ev.event, known_ids=known)
-                    if info is OUTPUT:
-                        timer.output(read_ns)
-                    elif info is None:
-                        self._sink.decoder_error(self._backend, "invalid_json")
-                    else:
-                        timer.chunk(info, read_ns)
+            known = bool(timer.response_id or timer.response_model)
+            infos = [interpret(ev.data, ev.event, known_ids=known) for ev in events]
         else:
             # An event is removed whole, so bytes of one still in progress are held
             # (see ``proxy.core.usage``): decode before writing.
             events = decoder.feed(data)
             known = bool(timer.response_id or timer.response_model)
-            infos = [interpret(ev.data, ev.event, known_ids=known) for ev in events]
-            for ev, info in zip(events, infos, strict=True):
+            infos = []
+            for ev in events:
+                info = interpret(ev.data, ev.event, known_ids=known)
                 if info is not None and info.usage_only:
                     self._cut(cutter, ev)
+                infos.append(info)
             self.write(cutter.push(data, decoder.boundary_offset))
-            for info in infos:
-                if info is OUTPUT:
-                    timer.output(read_ns)
-                elif info is None:
-                    self._sink.decoder_error(self._backend, "invalid_json")
-                else:
-                    timer.chunk(info, read_ns)
+        for info in infos:
+            if info is OUTPUT:
+                timer.output(read_ns)
+            elif info is None:
+                self._sink.decoder_error(self._backend, "invalid_json")
+            else:
+                timer.chunk(info, read_ns)
         if decoder.errors != self._oversized:
             for _ in range(decoder.errors - self._oversized):
                 self._sink.decoder_error(self._backend, "oversized_event")

@@ -131,6 +131,13 @@ def interpret(data: str, event: str = "message", *, known_ids: bool = False) -> 
 
 def interpret_object(obj: dict[str, Any], *, known_ids: bool = False) -> ChunkInfo:
     """Interpret a decoded chunk or non-streaming response body."""
+    if known_ids and obj.get("usage") is None and obj.get("error") is None:
+        # The per-token shape: one choice, no finish reason, ids already known.
+        choices = obj.get("choices")
+        if type(choices) is list and len(choices) == 1:
+            c = choices[0]
+            if type(c) is dict and not c.get("finish_reason"):
+                return _OUTPUT if _choice_output(c) else _NOT_OUTPUT
     err = obj.get("error")
     if err is not None:
         kind = ""

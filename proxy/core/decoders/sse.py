@@ -100,9 +100,20 @@ class SseDecoder:
             and self._started
             and b"\r" not in chunk
         ):
-            fast = self._feed_simple(chunk)
-            if fast is not None:
-                return fast
+            n = len(chunk)
+            if chunk.find(b"\n") == n - 2 and chunk.startswith(b"data:"):
+                # One data line, one event, in one read: a token stream's usual read.
+                if n - 2 <= self.max_event_bytes:
+                    start = self._offset
+                    end = start + n
+                    value = chunk[6 : n - 2] if chunk[5] == 0x20 else chunk[5 : n - 2]
+                    self._offset = self.boundary_offset = self._event_start = end
+                    text = value.decode("utf-8", "replace")
+                    return [SseEvent(text, "message", start, end, False, self.last_event_id)]
+            else:
+                fast = self._feed_simple(chunk)
+                if fast is not None:
+                    return fast
         return self._feed(chunk)
 
     def _feed_simple(self, chunk: bytes) -> list[SseEvent] | None:
