@@ -8,6 +8,7 @@ then everything closes and the process exits 0.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -285,6 +286,11 @@ async def serve_forever(config: ProxyConfig) -> int:
     # the demo run several times in one process): see proxy.edge.heap.
     if config.heap_trim:
         _ = proxy.state.tasks.spawn(HeapTrimmer().run(), name="tokenstamp-heap-trim")
+    # Everything loaded so far (modules, classes, the registry: ~50,000 objects) lives
+    # as long as the process: out of the collector's sight, a full collection no
+    # longer walks them, and no longer pauses every stream for ~15 ms to do it.
+    gc.collect()
+    gc.freeze()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -11,6 +11,7 @@ import sys
 import time
 
 import aiohttp
+import pytest
 
 CLI = [sys.executable, "-m", "proxy.cli"]
 
@@ -73,7 +74,8 @@ async def _wait_ready(url: str) -> None:
     raise AssertionError(f"{url} never became ready")
 
 
-async def test_sigterm_drains_open_streams_then_exits_0(aiohttp_server):
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+async def test_sigterm_drains_open_streams_then_exits_0(aiohttp_server, loop):
     from aiohttp import web
 
     async def slow_stream(request: web.Request) -> web.StreamResponse:
@@ -91,7 +93,7 @@ async def test_sigterm_drains_open_streams_then_exits_0(aiohttp_server):
     listen, admin = free_port(), free_port()
     proc = await asyncio.create_subprocess_exec(
         *CLI, "serve", "--upstream", str(server.make_url("")), "--listen", f"127.0.0.1:{listen}",
-        "--admin", f"127.0.0.1:{admin}", "--drain-timeout", "10",
+        "--admin", f"127.0.0.1:{admin}", "--drain-timeout", "10", "--loop", loop,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     try:

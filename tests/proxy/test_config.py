@@ -58,3 +58,17 @@ def test_env_and_flag_precedence():
 def test_bad_values_name_the_key(argv, env, key):
     with pytest.raises(ConfigError, match="^" + key):
         config_from_argv(argv, env=env)
+
+
+def test_loop_choice_is_validated_and_defaults_to_auto():
+    assert config_from_argv(["--upstream", "http://u:1"], env={}).loop == "auto"
+    assert (
+        config_from_argv(["--upstream", "http://u:1", "--loop", "asyncio"], env={}).loop
+        == "asyncio"
+    )
+    assert (
+        config_from_argv(["--upstream", "http://u:1"], env={"TOKENSTAMP_LOOP": "UVLOOP"}).loop
+        == "uvloop"
+    )
+    with pytest.raises(ConfigError, match="^--loop: expected auto, asyncio or uvloop"):
+        config_from_argv(["--upstream", "http://u:1", "--loop", "trio"], env={})
