@@ -34,6 +34,8 @@ IDLE_S = 15.0
 """A pooled connection unused this long is closed instead of reused (aiohttp's default)."""
 MAX_IDLE = 256
 """At most this many idle connections are kept."""
+EARLY_BYTES = 1 << 16
+"""Body bytes kept for a relay not attached yet; past this, reading pauses until it is."""
 
 
 class UpstreamError(Exception):
@@ -101,9 +103,9 @@ class UpstreamConnection(asyncio.Protocol):
         self._head: asyncio.Future[None] | None = None
         self._consumer: BodyConsumer | None = None
         self._early: list[tuple[bytes, int]] = []
+        self._early_bytes = 0
         self._complete = False
         self._ended = False
-        self._received = False
         self._eof_delimited = False
         self._lost = False
         self._status = 0
@@ -122,14 +124,17 @@ class UpstreamConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._read_ns = self._clock()  # the stamp: before anything else is done with the bytes
-        self._received = True
+        if self._head is None:
+            # Bytes on an idle connection answer nothing we asked: it cannot be trusted
+            # with the next request.
+            self.close()
+            return
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._fail(NotHttp("upstream asked to switch protocols"))
         except httptools.HttpParserError as exc:
-            head = self._head
-            if head is not None and not head.done():
+            if not self._head.done():
                 self._fail(NotHttp(f"not an HTTP response: {exc}"))
             else:
                 self._fail(PayloadError(f"bad body framing: {exc}"))
@@ -177,6 +182,9 @@ class UpstreamConnection(asyncio.Protocol):
         consumer = self._consumer
         if consumer is None:
             self._early.append((body, self._read_ns))
+            self._early_bytes += len(body)
+            if self._early_bytes > EARLY_BYTES:
+                self.pause_reading()  # the relay resumes it once it has taken these
         else:
             consumer.body(body, self._read_ns)
 
@@ -213,11 +221,6 @@ class UpstreamConnection(asyncio.Protocol):
             and self._keep_alive
         )
 
-    @property
-    def fresh(self) -> bool:
-        """Nothing of a response has arrived on this connection yet."""
-        return not self._received
-
     async def send(self, head: bytes, body: bytes) -> None:
         """Write a request and wait for the response head."""
         loop = asyncio.get_running_loop()
@@ -227,7 +230,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._headers = CIMultiDict()
         self._consumer = None
         self._early = []
-        self._complete = self._ended = self._received = False
+        self._complete = self._ended = False
         self.received_bytes = 0
         transport = self.transport
         if transport is None or transport.is_closing():
@@ -239,8 +242,12 @@ class UpstreamConnection(asyncio.Protocol):
         """Hand the body to ``consumer``: what already arrived first, with its own stamps."""
         self._consumer = consumer
         early, self._early = self._early, []
+        held = self._early_bytes > EARLY_BYTES
+        self._early_bytes = 0
         for data, read_ns in early:
             consumer.body(data, read_ns)
+        if held and not self._ended:
+            self.resume_reading()
         if self._ended:
             consumer.end(self._error)
 
@@ -267,6 +274,8 @@ class UpstreamConnection(asyncio.Protocol):
         """The request is over: drop the consumer (no reference cycle outlives a request)."""
         self._consumer = None
         self._early = []
+        self._early_bytes = 0
+        self._head = None
 
     def close(self) -> None:
         """Close the connection (which also tells the upstream to stop generating)."""
