@@ -100,6 +100,8 @@ class ProxyConfig:
     """Seconds of streams, stalls and prefill windows the timeline keeps and shows."""
     log_level: str = "info"
     """Python logging level name."""
+    advisor: bool = True
+    """Fit each backend's cost model and serve ``/advice`` and its gauges (the chunk-size advisor)."""
 
     @property
     def backend_label(self) -> str:
@@ -261,6 +263,9 @@ SERVE_OPTIONS: tuple[_Opt, ...] = (
          "once a second (malloc_trim, ~0.25 ms a call); keeps RSS flat: true/false (default "
          "true)"),
     _Opt("log-level", "log_level", _level, "debug, info, warning, error (default info)"),
+    _Opt("advisor", "advisor", _bool, "fit each backend's step cost from the streams and serve "
+         "the chunk-size advice at /advice on the admin listener, with its gauges: true/false "
+         "(default true)"),
 )  # fmt: skip
 
 
