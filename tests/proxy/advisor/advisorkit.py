@@ -140,7 +140,8 @@ async def measure(
             async with asyncio.TaskGroup() as group:
                 for _ in range(streams):
                     group.create_task(stream(session, proxy.url, max_tokens=tokens))
-                await asyncio.sleep(4 * step_s + streams * prompt_tokens * 0)
+                # Unchunked, the short prompts are admitted one per step: all decode after that.
+                await asyncio.sleep((streams + 4) * step_s)
                 await stream(session, proxy.url, max_tokens=2, prompt_tokens=prompt_tokens,
                              request_id="long")  # fmt: skip
             async with session.get(sim_url + "/sim/ground_truth") as resp:
