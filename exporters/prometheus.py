@@ -13,6 +13,7 @@ worst so far (the timer decides), so the cost stays per request, not per token.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -208,9 +209,7 @@ class BackendFitGauges:
             (self._chunk, chunk),
         ):
             if value is None:
-                try:
+                with contextlib.suppress(KeyError):  # not shown yet
                     gauge.remove(b.provider, b.address)
-                except KeyError:
-                    pass
             else:
                 gauge.labels(b.provider, b.address).set(value)

@@ -101,7 +101,7 @@ class ProxyConfig:
     log_level: str = "info"
     """Python logging level name."""
     advisor: bool = True
-    """Fit each backend's cost model and serve ``/advice`` and its gauges (the chunk-size advisor)."""
+    """Fit each backend's cost model; serve ``/advice`` and its gauges (the chunk-size advisor)."""
 
     @property
     def backend_label(self) -> str:

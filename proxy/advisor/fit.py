@@ -98,7 +98,7 @@ class Fit:
 
 
 def fit(snapshot: ObservationSnapshot) -> Fit:
-    """Fit the cost model to ``snapshot``; unknown parts stay ``None`` and are named in ``missing``."""
+    """Fit the cost model to ``snapshot``; unknown parts stay ``None``, named in ``missing``."""
     missing: list[str] = []
     base, per_stream, decode_rel, counts, decode_gaps = _fit_decode(snapshot, missing)
     record = BackendFitRecord(snapshot.backend, None, base, per_stream, None, None)

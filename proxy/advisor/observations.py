@@ -222,10 +222,13 @@ class AdvisorObservations:
         """Move "now" on: a busy period whose margin passed with no gap is closed."""
         self._tick(now_ns)
         period = self._period
-        if period is not None and not period.open:
-            if now_ns > period.last_first_token_ns + MARGIN_NS:
-                self._done.append(period)
-                self._period = None
+        if (
+            period is not None
+            and not period.open
+            and now_ns > period.last_first_token_ns + MARGIN_NS
+        ):
+            self._done.append(period)
+            self._period = None
 
     def snapshot(self, now_ns: int | None = None) -> ObservationSnapshot:
         """Compress closed periods and copy out what the fit needs (O(kept evidence))."""
@@ -262,8 +265,7 @@ class AdvisorObservations:
     # -- internals --------------------------------------------------------------------
 
     def _tick(self, stamp_ns: int) -> None:
-        if stamp_ns > self._now_ns:
-            self._now_ns = stamp_ns
+        self._now_ns = max(self._now_ns, stamp_ns)
 
     def _close(self, request_id: str, stamp_ns: int, *, produced: bool) -> None:
         period = self._period
@@ -276,10 +278,8 @@ class AdvisorObservations:
         period.open -= 1
         if not produced:
             period.spoiled = True
-        if stamp_ns > period.last_first_token_ns:
-            period.last_first_token_ns = stamp_ns
-        if stamp_ns > self._last_close_ns:
-            self._last_close_ns = stamp_ns
+        period.last_first_token_ns = max(period.last_first_token_ns, stamp_ns)
+        self._last_close_ns = max(self._last_close_ns, stamp_ns)
 
     def _remember(self, request_id: str, size: PromptSize) -> None:
         self._prompts[request_id] = size

@@ -162,7 +162,9 @@ def capacity(fitted: Fit, tpot_target_s: float, prefill_load_tokens_per_s: float
     return Capacity(tpot_target_s, most(tpot_target_s), prefill_load_tokens_per_s, loaded)
 
 
-def prefill_pool(fitted: Fit, prompt_tokens: int, streams: int, kv_transfer_s: float) -> PrefillPool:
+def prefill_pool(
+    fitted: Fit, prompt_tokens: int, streams: int, kv_transfer_s: float
+) -> PrefillPool:
     """A separate prefill pool: the decode pool's worst gap is one step; TTFT prefill + transfer."""
     base, per_stream, rate = _params(fitted)
     decode_s = base + per_stream * streams

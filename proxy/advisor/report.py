@@ -10,7 +10,7 @@ where something needed is missing it says what, and gives no number.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -194,7 +194,9 @@ def render(advice: dict[str, Any]) -> str:
     name = advice["backend"]
     fitted = []
     if d["base"] is not None and d["per_stream"] is not None:
-        fitted.append(f"decode step {d['base'] * 1000:.1f} ms + {d['per_stream'] * 1000:.3f} ms x streams")
+        fitted.append(
+            f"decode step {d['base'] * 1000:.1f} ms + {d['per_stream'] * 1000:.3f} ms x streams"
+        )
     if f["prefill_tokens_per_s"] is not None:
         fitted.append(f"prefill {f['prefill_tokens_per_s']:,.0f} tokens/s")
     if f["chunked"] is True:
@@ -217,7 +219,7 @@ def render(advice: dict[str, Any]) -> str:
     head.append("prefill pool".rjust(14))
     lines.append("".join(head))
 
-    def line(label: str, key: str, fmt: Any) -> str:
+    def line(label: str, key: str, fmt: Callable[[float], str]) -> str:
         cells = [fmt(r[key]).rjust(9) for r in rows]
         return label.ljust(34) + "".join(cells) + fmt(pool[key]).rjust(14)
 
@@ -249,7 +251,8 @@ def _recommendation_line(rec: dict[str, Any]) -> str:
     target = _ms(rec["itl_target_s"])
     if not rec["fits"]:
         return f"recommended: none of these keeps the worst gap within {target}"
-    text = f"recommended: {_chunk(rec['chunk_size'])} (worst gap {_ms(rec['worst_gap_s'])} within {target})"
+    chosen = _chunk(rec["chunk_size"])
+    text = f"recommended: {chosen} (worst gap {_ms(rec['worst_gap_s'])} within {target})"
     nxt = rec["next_larger"]
     if nxt is not None and rec["ttft_cost_s"] is not None:
         text += (
@@ -262,4 +265,3 @@ def _recommendation_line(rec: dict[str, Any]) -> str:
 def exit_status(advices: Sequence[dict[str, Any]]) -> int:
     """0 when every backend was advised, 3 when one lacks data (``NOT_ENOUGH_DATA``)."""
     return 3 if not advices or any(a["status"] != "ok" for a in advices) else 0
-

@@ -103,8 +103,8 @@ def options_from_query(query: Mapping[str, str], tpot_target_s: float) -> Advice
 def parse_chunk_sizes(text: str) -> tuple[int | None, ...]:
     """``512,2048,none`` -> ``(512, 2048, None)``; ValueError on anything else."""
     out: list[int | None] = []
-    for part in text.split(","):
-        part = part.strip().lower()
+    for raw in text.split(","):
+        part = raw.strip().lower()
         if part == "none":
             out.append(None)
             continue

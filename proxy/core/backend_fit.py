@@ -27,6 +27,6 @@ class BackendFitRecord:
     decode_per_stream_s: float | None
     """Extra decode step cost per decoding stream (s)."""
     chunk_size: int | None
-    """Prompt tokens computed per step when prefill is chunked; ``None`` when unchunked or unknown."""
+    """Prompt tokens per step when prefill is chunked; ``None`` when unchunked or unknown."""
     chunked: bool | None
     """Whether prefill is chunked: ``False`` when no observed prompt was split, ``None`` unknown."""

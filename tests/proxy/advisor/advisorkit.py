@@ -78,9 +78,7 @@ async def stream(
             pass
 
 
-async def fit_workload(
-    url: str, step_s: float, prompts: list[int], streams: int = 16
-) -> None:
+async def fit_workload(url: str, step_s: float, prompts: list[int], streams: int = 16) -> None:
     """Decoding streams whose number falls step by step, and one long prompt at a time.
 
     ``streams`` short requests start together; the i-th asks for ``40 + 8 i``
@@ -131,9 +129,7 @@ async def measure(
     sim_url = await start_sim(aiohttp_server, prof)
     proxy, tee = await start_proxy_for(sim_url, advisor=False, stall_detection=False)
     step_s = prof.cost.decode_s(streams)
-    window_s = sum(
-        prof.cost.step_s(streams, p) for p in prof.cost.prefill_pieces(prompt_tokens)
-    )
+    window_s = sum(prof.cost.step_s(streams, p) for p in prof.cost.prefill_pieces(prompt_tokens))
     tokens = int((window_s + 12 * step_s) / step_s) + 10
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
@@ -150,7 +146,9 @@ async def measure(
         await proxy.close(drain_timeout_s=1.0)
     (prefill,) = [t for t in truth if t["type"] == "prefill" and t["x_request_id"] == "long"]
     steps = sorted((t for t in truth if t["type"] == "step"), key=lambda t: t["step"])
-    carrying = [i for i, t in enumerate(steps) if prefill["response_id"] in t["prefill_response_ids"]]
+    carrying = [
+        i for i, t in enumerate(steps) if prefill["response_id"] in t["prefill_response_ids"]
+    ]
     assert all(steps[i]["decode_batch"] == streams for i in carrying), "not all streams decoding"
     gaps = [steps[i]["end_ns"] - steps[i - 1]["end_ns"] for i in carrying]
     window_ns = steps[carrying[-1]]["end_ns"] - steps[carrying[0] - 1]["end_ns"]
