@@ -224,7 +224,9 @@ def _window_fit(window: WindowObservation, prompt_tokens: int, decode: Fit) -> W
         total = 0.0
         elevated: list[float] = []
         for g in gaps:
-            step = decode.decode_step_s(g.streams)
+            # From its first token on, the culprit is counted among the decoding streams,
+            # but the step that produced that token did not decode it.
+            step = decode.decode_step_s(g.streams - (g.end_ns >= t1))
             assert step is not None
             step_s = step
             tol_ns = min(TOLERANCE_NS, step * 5e8)

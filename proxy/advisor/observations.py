@@ -151,7 +151,7 @@ class AdvisorObservations:
 
     def forwarded(self, request_id: str, forwarded_ns: int) -> None:
         """A window opens; a busy period starts unless one is being collected."""
-        self._tick(forwarded_ns)
+        self.flush(forwarded_ns)  # a period past its margin is closed first
         period = self._period
         if period is None:
             period = self._period = _Period()
