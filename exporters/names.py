@@ -229,7 +229,7 @@ STREAMS_ACTIVE = Instrument(
 PREFILL_RATE = Instrument(
     "tokenstamp.backend.prefill_rate",
     Kind.GAUGE,
-    "{token}/s",
+    "{token/s}",  # an annotation: the Prometheus name gets no unit suffix (METRICS.md)
     "The advisor's fitted prefill throughput of the backend, uncached prompt tokens per second.",
     BACKEND_ATTRS,
 )

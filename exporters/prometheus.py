@@ -201,7 +201,7 @@ class BackendFitGauges:
         if record.chunked is True and record.chunk_size is not None:
             chunk = float(record.chunk_size)
         elif record.chunked is False:
-            chunk = 0.0
+            chunk = 0.0  # as exporters.otel_fit.chunk_gauge_value
         for gauge, value in (
             (self._rate, record.prefill_tokens_per_s),
             (self._base, record.decode_base_s),

@@ -23,12 +23,14 @@ from prometheus_client import CollectorRegistry
 
 from exporters.fanout import FanoutSink
 from exporters.otel import OtelMetricsSink
+from exporters.otel_fit import OtelBackendFitGauges
 from exporters.otel_setup import OtelConfigError, Telemetry, build_telemetry
 from exporters.otel_spans import SpanRecorder
 from exporters.prometheus import BackendFitGauges, PrometheusSink
 from proxy.advisor.observations import AdvisorObservations, ObservationSink
 from proxy.advisor.web import Advisor, advice_routes
 from proxy.config import ConfigError, HostPort, ProxyConfig
+from proxy.core.backend_fit import BackendFitRecord
 from proxy.core.backend_view import BackendView
 from proxy.core.records import Backend, Sink
 from proxy.core.stall_detector import StallSettings
@@ -243,10 +245,15 @@ async def start_proxy(
         _ = state.tasks.spawn(_sweep_spans(tracing, clock), name="tokenstamp-span-sweep")
     advisor = None
     if advised is not None:
-        gauges = BackendFitGauges(registry)
-        advisor = Advisor(
-            [advised], tpot_target_s=config.slo_tpot_s, clock=clock, publish=gauges.publish
-        )
+        publishers = [BackendFitGauges(registry).publish]
+        if meter_provider is not None:
+            publishers.append(OtelBackendFitGauges(meter_provider).publish)
+
+        def publish(record: BackendFitRecord) -> None:
+            for one in publishers:
+                one(record)
+
+        advisor = Advisor([advised], tpot_target_s=config.slo_tpot_s, clock=clock, publish=publish)
         _ = state.tasks.spawn(advisor.run(), name="tokenstamp-advisor")
     shown = None if timeline is None else [timeline]
     add_timeline = timeline_routes(shown, clock=clock)

@@ -41,7 +41,7 @@ def drive(cost: CostModel, arrivals: list[tuple[float, int, int]]) -> AdvisorObs
     i = 0
     while i < len(pending) or left:
         while i < len(pending) and round(pending[i][0] * 1e9) <= now_ns:
-            arrival_s, prompt, output = pending[i]
+            _arrival_s, prompt, output = pending[i]
             rid = f"r{i}"
             planner.add(SequenceSpec(rid, rid, prompt, output, "length", now_ns))
             obs.forwarded(rid, now_ns)
@@ -104,8 +104,11 @@ def test_the_table_is_the_simulators_own_prediction():
         # The model's TTFT adds the expected wait for the running step: half of one.
         assert row.ttft_s == pytest.approx(want.ttft_s + want.steady_gap_s / 2, rel=1e-3)
     rec = recommend(fitted, rows, itl_target_s=0.080)
-    assert rec.fits and rec.row is not None and rec.row.chunk_size == 700
-    assert rec.next_larger is not None and rec.next_larger.chunk_size is None
+    assert rec.fits
+    assert rec.row is not None
+    assert rec.row.chunk_size == 700
+    assert rec.next_larger is not None
+    assert rec.next_larger.chunk_size is None
     pool = prefill_pool(fitted, 4000, 10, kv_transfer_s=0.02)
     assert pool.worst_gap_s == pytest.approx(0.015 + 0.007, rel=1e-3)
     assert pool.ttft_s == pytest.approx(0.015 + 4000 / 16_000 + 0.02, rel=1e-3)
@@ -115,7 +118,8 @@ def test_unchunked_prefill_is_found_unchunked():
     cost = CostModel(0.02, 0.0005, 1 / 25_000, chunk_size=None)
     fitted = fit(drive(cost, workload([3000, 5000, 4000])).snapshot())
     r = fitted.fit_record
-    assert r.chunked is False and r.chunk_size is None
+    assert r.chunked is False
+    assert r.chunk_size is None
     assert fitted.observations["largest_unsplit_prompt_tokens"] == 5000
     assert r.prefill_tokens_per_s == pytest.approx(25_000, rel=1e-3)
 
