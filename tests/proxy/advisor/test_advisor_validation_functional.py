@@ -21,7 +21,9 @@ from __future__ import annotations
 import os
 import random
 
+import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.advisor.predict import DEFAULT_CHUNK_SIZES
 from tests.proxy.advisor.advisorkit import (
@@ -33,6 +35,7 @@ from tests.proxy.advisor.advisorkit import (
     start_proxy_for,
     start_sim,
 )
+from tests.proxy.advisor.test_advise_functional import advise
 
 TOLERANCE = 0.10
 STREAMS = 8
@@ -60,11 +63,35 @@ async def test_fit_and_every_predicted_row_match_the_simulator(aiohttp_server):
         await fit_workload(proxy.url, cost.decode_s(STREAMS), prompts)
         prompt = rng.randrange(3000, 7000)
         advice = await get_advice(proxy.admin_url, prompt_tokens=str(prompt), streams=str(STREAMS))
+        async with aiohttp.ClientSession() as session:
+            async with session.get(proxy.admin_url + "/metrics") as resp:
+                metrics = await resp.text()
+        rc, printed, _ = await advise(
+            proxy.admin_url, "--prompt-tokens", str(prompt), "--streams", str(STREAMS)
+        )
     finally:
         await proxy.close(drain_timeout_s=1.0)
     (backend,) = advice["backends"]
     assert backend["status"] == "ok", backend["missing"]
+    assert rc == 0
+    print("\n" + printed)
     fit = backend["fit"]
+    gauges = {
+        (s.name, s.labels["server_address"]): s.value
+        for family in text_string_to_metric_families(metrics)
+        for s in family.samples
+        if s.name.startswith("tokenstamp_backend_")
+    }
+    assert gauges == {  # the /advice fit refreshed them; no traffic came since
+        ("tokenstamp_backend_prefill_rate", "sim"): pytest.approx(fit["prefill_tokens_per_s"]),
+        ("tokenstamp_backend_decode_step_base_seconds", "sim"): pytest.approx(
+            fit["decode_step_s"]["base"]
+        ),
+        ("tokenstamp_backend_decode_step_per_stream_seconds", "sim"): pytest.approx(
+            fit["decode_step_s"]["per_stream"]
+        ),
+        ("tokenstamp_backend_prefill_chunk", "sim"): fit["chunk_size"],
+    }
     want = {
         "base": cost.decode_base_s,
         "per_stream": cost.decode_per_seq_s,
