@@ -79,7 +79,8 @@ async def _fit_run(proxy: RecordedProxy, prompts: Prompts, long_prompts: list[in
 
 
 async def _measured_run(proxy: RecordedProxy, prompts: Prompts) -> tuple[float, int, int]:
-    """8 streams, one long prompt: (worst gap in its window, median stalls per stream, tokens)."""
+    """8 streams, one long prompt: (median over streams of the worst gap in its window, median
+    stalls per stream, its prompt tokens)."""
     step_s = await _decode_step_s(proxy, prompts)
     connector = aiohttp.TCPConnector(limit=0)
     text = prompts.text(LONG)
@@ -93,12 +94,15 @@ async def _measured_run(proxy: RecordedProxy, prompts: Prompts) -> tuple[float, 
     proxy.settle()
     tf = proxy.watcher.forwarded_ns["m-long"]
     t1 = proxy.watcher.output_ns["m-long"][0]
-    worst = 0
+    # Each stream's worst gap in the window; their median (one stream's bad luck with the
+    # scheduler of this shared machine is not the backend's).
+    worsts = []
     for i in range(STREAMS):
         stamps = proxy.watcher.output_ns[f"m-{i}"]
-        for a, b in itertools.pairwise(stamps):
-            if tf < b <= t1 + step_s * 5e8:
-                worst = max(worst, b - a)
+        worsts.append(
+            max(b - a for a, b in itertools.pairwise(stamps) if tf < b <= t1 + step_s * 5e8)
+        )
+    worst = statistics.median(worsts)
     stalls = [len([s for s in proxy.sink.stalls_caused_by("m-long") if s.request_id == f"m-{i}"])
               for i in range(STREAMS)]  # fmt: skip
     record = proxy.sink.requests["m-long"]
