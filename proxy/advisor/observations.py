@@ -38,7 +38,7 @@ CLEAN_PER_COUNT = 256
 """Clean decode gaps kept per number of decoding streams."""
 MAX_COUNTS = 512
 """Distinct numbers of decoding streams kept."""
-MAX_PERIOD_GAPS = 16384
+MAX_PERIOD_GAPS = 8192
 """Gaps one busy period collects at most (beyond: the period is not used)."""
 MAX_REFERENCES = 8
 """Reference streams kept per window observation."""
