@@ -19,6 +19,7 @@ from proxy.advisor.observations import (
     AdvisorObservations,
 )
 from proxy.advisor.predict import prefill_pool, recommend, table
+from proxy.advisor.report import AdviceOptions, advise, exit_status, render, typical_streams
 from proxy.core.records import Backend, PrefillRecord, RequestLabels
 from simulator.cost import CostModel, predict_seed_stutter
 from simulator.planner import SequenceSpec, StepPlanner
@@ -186,3 +187,32 @@ def test_memory_stays_bounded():
     assert sizes["stream_counts"] <= MAX_STREAM_COUNTS
     assert len(snap.windows) <= MAX_WINDOWS
     assert len(snap.clean_gaps_ns) <= 512
+
+
+def test_defaults_capacity_and_the_json_of_advise():
+    obs = drive(COST, workload([3100, 4500, 2600, 5300]))
+    snapshot = obs.snapshot()
+    fitted = fit(snapshot)
+    # No usage records in this drive: the sizes are the prefill records' estimates only,
+    # so the deployment's p95 needs finished requests (and says so).
+    advice = advise(fitted, snapshot, AdviceOptions(tpot_target_s=0.05))
+    assert advice["status"] == "not enough data"
+    assert any("known prompt size" in m for m in advice["missing"])
+    assert advice["table"] == []
+    given = advise(fitted, snapshot, AdviceOptions(0.05, prompt_tokens=4000))
+    assert given["status"] == "ok"
+    # The typical number of decoding streams: the median over decode steps.
+    assert given["scenario"]["streams"] == typical_streams(snapshot)
+    assert 4 <= given["scenario"]["streams"] <= 12
+    cap = given["capacity"]
+    # (target - base) / per_stream = 50, floored: 49 or 50 as the fit's last digits fall.
+    assert cap["streams"] in (49, 50)
+    assert cap["prefill_load_tokens_per_s"] == 0.0  # no finished request seen
+    rec = given["recommendation"]
+    assert rec["largest_chunk_within_target"] == pytest.approx(
+        (0.05 - 0.015 - 0.0007 * given["scenario"]["streams"]) * 16_000, abs=2
+    )
+    assert [r["chunk_size"] for r in given["table"]] == [256, 512, 1024, 2048, 4096, 8192, None]
+    assert "recommended:" in render(given)
+    assert exit_status([given]) == 0
+    assert exit_status([advice]) == 3
