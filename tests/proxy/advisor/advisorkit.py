@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 from exporters.prometheus import PrometheusSink
 from proxy.edge.server import RunningProxy, start_proxy
 from simulator.cost import CostModel
-from simulator.engine import EngineConfig
+from simulator.engine import MAX_CATCH_UP_NS, EngineConfig
 from simulator.profile import Profile
 from simulator.server import create_app
 from tests.stallkit import RecordingSink, simulator_proxy_config
@@ -119,6 +119,8 @@ class Measured:
     """The long request's TTFT as the proxy measured it."""
     prefill_steps: int
     """Steps that carried a piece of it (ground truth)."""
+    late_steps: int
+    """Of those, steps the engine ran late by more than ``MAX_CATCH_UP_NS`` (left out)."""
 
 
 async def measure(
@@ -151,8 +153,16 @@ async def measure(
     ]
     assert all(steps[i]["decode_batch"] == streams for i in carrying), "not all streams decoding"
     gaps = [steps[i]["end_ns"] - steps[i - 1]["end_ns"] for i in carrying]
+    # A step the engine itself ran more than MAX_CATCH_UP_NS late (it waited for a CPU of
+    # this shared machine, and restarted its timeline) is the machine, not the modelled
+    # accelerator: left out of the worst gap, unless every step was.
+    on_time = [
+        g
+        for g, i in zip(gaps, carrying, strict=True)
+        if g - round(steps[i]["duration_s"] * 1e9) <= MAX_CATCH_UP_NS
+    ]
     window_ns = steps[carrying[-1]]["end_ns"] - steps[carrying[0] - 1]["end_ns"]
     (record,) = [r for r in tee.requests.values() if r.request_id == "long"]
     assert record.ttft_s is not None
-    return Measured(chunk, max(gaps) / 1e9, len(gaps) / (window_ns / 1e9), record.ttft_s,
-                    len(carrying))  # fmt: skip
+    return Measured(chunk, max(on_time or gaps) / 1e9, len(gaps) / (window_ns / 1e9),
+                    record.ttft_s, len(carrying), len(gaps) - len(on_time))  # fmt: skip
