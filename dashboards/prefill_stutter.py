@@ -44,6 +44,44 @@ def _burst_expr(config: Config) -> str:
     return f"{cost}\n/\nclamp_min({streams}, 1)\n> {promql.num(config.stutter_share_threshold)}"
 
 
+def _fitted(inst: names.Instrument, sel: str) -> str:
+    """One advisor gauge per backend (every proxy instance fits the same backend: the max)."""
+    return f"max by ({BACKEND}) ({inst.prom_name}{sel})"
+
+
+def _trade_on_this_backend(lay: Layout, s: str) -> None:
+    """The advisor's fitted cost model: what a step costs here, and what a chunk adds to it."""
+    base = _fitted(names.DECODE_STEP_BASE, s)
+    per_stream = _fitted(names.DECODE_STEP_PER_STREAM, s)
+    chunk = _fitted(names.PREFILL_CHUNK, s)
+    rate = _fitted(names.PREFILL_RATE, s)
+    streams = f"sum by ({BACKEND}) ({names.STREAMS_ACTIVE.prom_series}{s})"
+    step_now = f"{base} + {per_stream} * {streams}"
+    lay.row("The trade on this backend")
+    lay.add(stat("Chunk size in use", "Prompt tokens per step the advisor finds in use (0: "
+                 "prompts are not chunked); `tokenstamp advise` prints what every other size "
+                 "would do.", Phase.STUTTER, Query(chunk, legend(BACKEND)), "short"),
+            4)  # fmt: skip
+    lay.add(timeseries("Fitted prefill throughput", "Uncached prompt tokens per second the "
+                       "backend prefills, fitted from the stalls and first tokens the proxy "
+                       "saw.", Phase.PREFILL, [Query(rate, legend(BACKEND))], "short"),
+            6)  # fmt: skip
+    lay.add(timeseries("Fitted decode step", "The decode step: its base (left) and its extra "
+                       "cost per decoding stream (right), fitted from gaps at each number of "
+                       "streams.", Phase.DECODE,
+                       [Query(base, f"base {legend(BACKEND)}"),
+                        Query(per_stream, f"per stream {legend(BACKEND)}")],
+                       "s", overrides=[right_axis("B", "s")]), 7)  # fmt: skip
+    lay.add(timeseries("Step now, and with one chunk of prefill", "The decode step at the "
+                       "streams open now, and the same step carrying one prefill chunk: the "
+                       "worst gap a long prompt causes at the chunk size in use (the same "
+                       "line when unchunked: then the whole prompt is one step).",
+                       Phase.STUTTER,
+                       [Query(step_now, f"decode step {legend(BACKEND)}"),
+                        Query(f"{step_now} + {chunk} / {rate}",
+                              f"step with a chunk {legend(BACKEND)}")], "s"), 7)  # fmt: skip
+
+
 def build(config: Config) -> Json:
     """The dashboard JSON model."""
     has_backend = f'{BACKEND}=~"$backend"'
@@ -131,6 +169,8 @@ def build(config: Config) -> Json:
          Query(promql.counter_rate(names.STALLS, prefill, RI, (BACKEND,)),
                f"prefill stalls/s {legend(BACKEND)}")],
         "s", overrides=[right_axis("B", "short")]), 24, 9)  # fmt: skip
+
+    _trade_on_this_backend(lay, s)
 
     return dashboard(
         config,

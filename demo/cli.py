@@ -31,6 +31,7 @@ from typing import Any
 import aiohttp
 from prometheus_client import CollectorRegistry
 
+from demo.advice import fetch_advice, fit_traffic, render_advice
 from demo.pictures import pictures_report, replay_snapshot, write_run_pictures
 from demo.report import render
 from demo.scenarios import SingleMeasurement, StutterMeasurement, run_single, run_stutter
@@ -318,6 +319,17 @@ async def _single(show: Any) -> dict[str, Any]:
     }
 
 
+async def _advice(show: Any) -> dict[str, Any]:
+    """The advisor fitted on a short run of its own (chunked at 512), for the seed's scenario."""
+    stack = await _start(CHUNK)
+    try:
+        show("the advisor: fitting the backend from its own traffic")
+        await fit_traffic(stack.proxy.url, step_s=0.023)
+        return await fetch_advice(stack.proxy.admin_url, LONG_PROMPT, STREAMS)
+    finally:
+        await stack.close()
+
+
 async def _main(args: argparse.Namespace) -> int:
     show = _progress(args.json)
     out: Path | None = None if args.no_pictures else args.out
@@ -327,10 +339,12 @@ async def _main(args: argparse.Namespace) -> int:
     results["unchunked"] = await _stutter("unchunked", None, show, out)
     results["chunked"] = await _stutter("chunked", CHUNK, show, out)
     results["single"] = await _single(show)
+    results["advice"] = await _advice(show)
     show("done")
     if not args.json:
         sys.stderr.write("\n" if sys.stderr.isatty() else "")
         print(render(results))
+        print(render_advice(results))
         runs = {k: results[k]["pictures"] for k in ("unchunked", "chunked")}
         if any(runs.values()):
             print("\n" + pictures_report(runs))

@@ -20,6 +20,7 @@ class Kind(StrEnum):
     HISTOGRAM = "histogram"
     COUNTER = "counter"
     UPDOWN = "updowncounter"
+    GAUGE = "gauge"
 
 
 # Attribute keys (OpenTelemetry GenAI semantic conventions where they exist).
@@ -252,6 +253,35 @@ STREAMS_ACTIVE = Instrument(
     "Observed requests in flight right now.",
     REQUEST_ATTRS,
 )
+# The chunk-size advisor's fitted cost model of each backend (gauges, absent until fitted).
+PREFILL_RATE = Instrument(
+    "tokenstamp.backend.prefill_rate",
+    Kind.GAUGE,
+    "{token/s}",  # an annotation: the Prometheus name gets no unit suffix (METRICS.md)
+    "The advisor's fitted prefill throughput of the backend, uncached prompt tokens per second.",
+    BACKEND_ATTRS,
+)
+DECODE_STEP_BASE = Instrument(
+    "tokenstamp.backend.decode_step.base",
+    Kind.GAUGE,
+    "s",
+    "The advisor's fitted decode step: its fixed cost (base + per_stream x decoding streams).",
+    BACKEND_ATTRS,
+)
+DECODE_STEP_PER_STREAM = Instrument(
+    "tokenstamp.backend.decode_step.per_stream",
+    Kind.GAUGE,
+    "s",
+    "The advisor's fitted decode step: its extra cost per decoding stream.",
+    BACKEND_ATTRS,
+)
+PREFILL_CHUNK = Instrument(
+    "tokenstamp.backend.prefill_chunk",
+    Kind.GAUGE,
+    "{token}",
+    "The chunk size the advisor finds in use, prompt tokens per step (0 when unchunked).",
+    BACKEND_ATTRS,
+)
 
 ALL: tuple[Instrument, ...] = (
     TTFT,
@@ -273,6 +303,10 @@ ALL: tuple[Instrument, ...] = (
     DECODER_ERRORS,
     UNOBSERVED,
     STREAMS_ACTIVE,
+    PREFILL_RATE,
+    DECODE_STEP_BASE,
+    DECODE_STEP_PER_STREAM,
+    PREFILL_CHUNK,
 )
 
 

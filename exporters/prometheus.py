@@ -15,12 +15,14 @@ timer decides), so the cost stays per request, not per token.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from exporters import names
 from exporters.fast_histogram import FastHistogram, HistogramChild
+from proxy.core.backend_fit import BackendFitRecord
 from proxy.core.records import (
     Backend,
     PrefillRecord,
@@ -201,3 +203,41 @@ class PrometheusSink:
         values = self.request_label_values(record.labels)
         self._stalled_streams.labels(*values).observe(record.stalled_streams)
         self._stutter_cost.labels(*values).inc(record.stutter_cost_s)
+
+
+class BackendFitGauges:
+    """The advisor's fitted cost model of each backend as gauges in ``registry``.
+
+    ``publish`` sets the gauges of the parameters that are known and removes
+    those that are not (absent until fitted, never a made-up number).
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        def make(inst: names.Instrument) -> Gauge:
+            assert inst.kind is names.Kind.GAUGE, inst.name
+            return Gauge(inst.prom_name, _doc(inst), inst.prom_labels, registry=registry)
+
+        self._rate = make(names.PREFILL_RATE)
+        self._base = make(names.DECODE_STEP_BASE)
+        self._per_stream = make(names.DECODE_STEP_PER_STREAM)
+        self._chunk = make(names.PREFILL_CHUNK)
+
+    def publish(self, record: BackendFitRecord) -> None:
+        """Show ``record``'s known parameters; hide the unknown ones."""
+        b = record.backend
+        chunk: float | None = None
+        if record.chunked is True and record.chunk_size is not None:
+            chunk = float(record.chunk_size)
+        elif record.chunked is False:
+            chunk = 0.0  # as exporters.otel_fit.chunk_gauge_value
+        for gauge, value in (
+            (self._rate, record.prefill_tokens_per_s),
+            (self._base, record.decode_base_s),
+            (self._per_stream, record.decode_per_stream_s),
+            (self._chunk, chunk),
+        ):
+            if value is None:
+                with contextlib.suppress(KeyError):  # not shown yet
+                    gauge.remove(b.provider, b.address)
+            else:
+                gauge.labels(b.provider, b.address).set(value)

@@ -104,6 +104,8 @@ class ProxyConfig:
     loop: str = "auto"
     """Event loop: ``uvloop`` (libuv, less CPU per token), ``asyncio`` (the standard
     library's), or ``auto``: uvloop where it is installed."""
+    advisor: bool = True
+    """Fit each backend's cost model; serve ``/advice`` and its gauges (the chunk-size advisor)."""
 
     @property
     def backend_label(self) -> str:
@@ -276,6 +278,9 @@ SERVE_OPTIONS: tuple[_Opt, ...] = (
     _Opt("log-level", "log_level", _level, "debug, info, warning, error (default info)"),
     _Opt("loop", "loop", _loop, "event loop: uvloop, asyncio, or auto (uvloop where it is "
          "installed; default auto)"),
+    _Opt("advisor", "advisor", _bool, "fit each backend's step cost from the streams and serve "
+         "the chunk-size advice at /advice on the admin listener, with its gauges: true/false "
+         "(default true)"),
 )  # fmt: skip
 
 

@@ -24,10 +24,14 @@ from prometheus_client import CollectorRegistry
 
 from exporters.fanout import FanoutSink
 from exporters.otel import OtelMetricsSink
+from exporters.otel_fit import OtelBackendFitGauges
 from exporters.otel_setup import OtelConfigError, Telemetry, build_telemetry
 from exporters.otel_spans import SpanRecorder
-from exporters.prometheus import PrometheusSink
+from exporters.prometheus import BackendFitGauges, PrometheusSink
+from proxy.advisor.observations import AdvisorObservations, ObservationSink
+from proxy.advisor.web import Advisor, advice_routes
 from proxy.config import ConfigError, HostPort, ProxyConfig
+from proxy.core.backend_fit import BackendFitRecord
 from proxy.core.backend_view import BackendView
 from proxy.core.records import Backend, Sink
 from proxy.core.stall_detector import StallSettings
@@ -91,6 +95,8 @@ class RunningProxy:
     """OTLP providers built from the configuration (``None`` when off or injected)."""
     timeline: TimelineBuffer | None = None
     """What ``/timeline`` shows (``None`` unless ``--timeline``)."""
+    advisor: Advisor | None = None
+    """The chunk-size advisor behind ``/advice`` (``None`` with ``--no-advisor``)."""
 
     async def close(self, drain_timeout_s: float | None = None) -> None:
         """Stop accepting, let open requests finish (bounded), then stop everything."""
@@ -206,6 +212,10 @@ async def start_proxy(
         backend = Backend(config.provider, config.backend_label)
         timeline = TimelineBuffer(backend, window, origin_ns=clock())
         sink = FanoutSink(sink, timeline.sink)
+    advised = None
+    if config.advisor:  # its stamps come as a watcher, prompt sizes through the sink
+        advised = AdvisorObservations(Backend(config.provider, config.backend_label))
+        sink = FanoutSink(sink, ObservationSink(advised))
     if not isinstance(sink, FanoutSink):
         # Telemetry never breaks traffic: even a single sink's exceptions are caught,
         # counted and logged (rate-limited) here, not on the stream's path.
@@ -224,7 +234,7 @@ async def start_proxy(
     # The stall view reports to the metrics and, as events and links, to the spans.
     view_sink = sink if tracing is None else FanoutSink(sink, tracing.spans)
     view = stall_view(config, view_sink) if config.stall_detection else None
-    watchers = [w for w in (view, watcher, timeline) if w is not None]
+    watchers = [w for w in (view, watcher, timeline, advised) if w is not None]
     combined: StreamWatcher | None = (
         FanoutWatcher(*watchers) if len(watchers) > 1 else (watchers[0] if watchers else None)
     )
@@ -234,8 +244,27 @@ async def start_proxy(
         _ = state.tasks.spawn(_flush_stalls(view, clock), name="tokenstamp-stall-flush")
     if tracing is not None and tracing.spans.linger_ns:
         _ = state.tasks.spawn(_sweep_spans(tracing, clock), name="tokenstamp-span-sweep")
+    advisor = None
+    if advised is not None:
+        publishers = [BackendFitGauges(registry).publish]
+        if meter_provider is not None:
+            publishers.append(OtelBackendFitGauges(meter_provider).publish)
+
+        def publish(record: BackendFitRecord) -> None:
+            for one in publishers:
+                one(record)
+
+        advisor = Advisor([advised], tpot_target_s=config.slo_tpot_s, clock=clock, publish=publish)
+        _ = state.tasks.spawn(advisor.run(), name="tokenstamp-advisor")
     shown = None if timeline is None else [timeline]
-    admin = create_admin_app(state, registry, extra_routes=timeline_routes(shown, clock=clock))
+    add_timeline = timeline_routes(shown, clock=clock)
+    add_advice = advice_routes(advisor)
+
+    def extra_routes(admin_app: web.Application) -> None:
+        add_timeline(admin_app)
+        add_advice(admin_app)
+
+    admin = create_admin_app(state, registry, extra_routes=extra_routes)
     proxy_runner = web.AppRunner(
         app,
         handler_cancellation=True,  # a client that goes away cancels its upstream request
@@ -268,6 +297,7 @@ async def start_proxy(
         _admin_runner=admin_runner,
         telemetry=telemetry,
         timeline=timeline,
+        advisor=advisor,
     )
 
 

@@ -175,3 +175,21 @@ def test_run_queue_wait_comes_from_schedstat():
     own = run_queue_wait_ns(os.getpid())
     assert own is None or own >= 0  # None where the kernel keeps no schedstat
     assert run_queue_wait_ns(2**22 + 12345) is None  # above any pid_max: no such process
+
+
+@pytest.mark.timeout(120)
+def test_the_advisor_predicts_both_runs(results):
+    """The advisor's rows for 512 and unchunked, fitted on a run of its own, against the runs.
+
+    15% (the module's tolerance for timings on a busy machine): the fit itself is
+    validated to 10% in tests/proxy/advisor/; here the demo's runs carry the
+    machine's noise too."""
+    advice = results["advice"]
+    assert advice["status"] == "ok", advice["missing"]
+    assert advice["fit"]["chunked"] is True
+    assert abs(advice["fit"]["chunk_size"] - 512) <= 0.1 * 512
+    rows = {r["chunk_size"]: r for r in advice["table"]}
+    for chunk, run in ((512, "chunked"), (None, "unchunked")):
+        engine = results[run]["engine"]
+        assert close(engine["worst_gap_s"], rows[chunk]["worst_gap_s"]), (run, engine, rows[chunk])
+        assert close(results[run]["measured"]["ttft_s"], rows[chunk]["ttft_s"]), run

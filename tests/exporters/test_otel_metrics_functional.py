@@ -92,8 +92,8 @@ def otlp_samples(request: ExportMetricsServiceRequest) -> Samples:
                         out[(name + "_sum", _labels(p.attributes))] = p.sum
                         out[(name + "_count", _labels(p.attributes))] = p.count
                 else:
-                    assert kind == "sum", metric
-                    for p in metric.sum.data_points:
+                    assert kind in ("sum", "gauge"), metric  # gauges: the advisor's fit
+                    for p in getattr(metric, kind).data_points:
                         v = p.as_double if p.WhichOneof("value") == "as_double" else p.as_int
                         out[(name, _labels(p.attributes))] = v
     return out

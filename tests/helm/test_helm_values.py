@@ -44,6 +44,7 @@ CONFIG_FLAGS = {
     "captureContent": "capture-content",
     "timeline": "timeline",
     "timelineWindow": "timeline-window",
+    "advisor": "advisor",
 }
 UPSTREAM = {"upstream": "http://vllm.inference.svc:8000"}
 KEY_LINE = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z0-9_.\-/]+):(?: |$)")
@@ -132,6 +133,7 @@ def test_every_proxy_flag_is_reachable_from_values():
         "no-heap-trim",
         "no-capture-content",
         "no-timeline",
+        "no-advisor",
         "help",
     }
     assert flags == from_values, (

@@ -1,0 +1,183 @@
+"""The seed's trade table for one backend: what each chunk size would do, from its fitted model.
+
+Pure. For ``streams`` decoding and one new prompt of ``prompt_tokens`` (uncached)
+arriving, at chunk size ``C`` (``None``: the whole prompt in one step) the prompt
+is computed in pieces of ``C``; every step that carries a piece also decodes the
+``streams`` existing ones::
+
+    step_j           = base + per_stream x streams + piece_j / rate
+    worst gap        = max_j step_j                    (an existing stream's longest gap)
+    rate during it   = steps / sum_j step_j            (tokens per existing stream per second)
+    TTFT             = decode step / 2 + sum_j step_j  (it first waits, on average, half a
+                                                        running step)
+
+A separate prefill pool (disaggregation) computes the prompt alone, in one
+step, and hands the KV cache over: the decode pool's streams see one decode
+step at worst, TTFT = ``base + prompt / rate + kv_transfer``.
+
+Capacity: the most decoding streams whose decode step stays within the TPOT
+target; with the observed prefill load (uncached prompt tokens per second) the
+engine spends ``load / rate`` of each second on prefill, stretching every step
+by ``1 / (1 - load / rate)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from proxy.advisor.fit import Fit
+
+DEFAULT_CHUNK_SIZES: tuple[int | None, ...] = (256, 512, 1024, 2048, 4096, 8192, None)
+"""Candidates when none are given (``None``: unchunked)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """What one chunk size does to the existing streams and the new request."""
+
+    chunk_size: int | None
+    """Prompt tokens per step; ``None``: unchunked."""
+    prompt_tokens: int
+    """The new prompt (uncached tokens)."""
+    streams: int
+    """Streams decoding when it arrives."""
+    worst_gap_s: float
+    """Longest gap of an existing stream while it is prefilled."""
+    rate_during_prefill_per_s: float
+    """Tokens per second of one existing stream during the prefill."""
+    ttft_s: float
+    """The new request's time to first token (half a running step of wait included)."""
+    steps: int
+    """Steps that carry a piece of the prompt."""
+
+
+@dataclass(frozen=True, slots=True)
+class Recommendation:
+    """The largest chunk whose worst gap stays within the ITL target, and its TTFT cost."""
+
+    itl_target_s: float
+    """The worst gap allowed."""
+    fits: bool
+    """Some candidate keeps the worst gap within the target."""
+    row: Row | None
+    """The recommended candidate (``None`` when none fits)."""
+    next_larger: Row | None
+    """The next larger candidate (``None`` when the recommendation is the largest)."""
+    largest_chunk_within_target: int | None
+    """The largest chunk of any size within the target: ``(target - decode step) x rate``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """How many decoding streams keep TPOT within its target."""
+
+    tpot_target_s: float
+    """The TPOT target."""
+    streams: int | None
+    """Most decoding streams with the decode step within the target (``None``: unbounded)."""
+    prefill_load_tokens_per_s: float
+    """Uncached prompt tokens per second the backend was seen to get."""
+    streams_with_prefill_load: int | None
+    """The same with that prefill load stretching every step (``None``: unbounded)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillPool:
+    """What a separate prefill pool (disaggregated serving) would give."""
+
+    kv_transfer_s: float
+    """Time to hand the KV cache from the prefill to the decode pool (given)."""
+    worst_gap_s: float
+    """An existing stream's worst gap: one decode step."""
+    rate_during_prefill_per_s: float
+    """Tokens per second of one existing stream: unchanged."""
+    ttft_s: float
+    """The new request's first token: its prefill alone plus the transfer."""
+
+
+def table(
+    fitted: Fit, prompt_tokens: int, streams: int, chunk_sizes: Sequence[int | None]
+) -> list[Row]:
+    """The seed's table for ``chunk_sizes``; ValueError when the fit lacks a parameter."""
+    base, per_stream, rate = _params(fitted)
+    if prompt_tokens < 1 or streams < 0:
+        raise ValueError("table: prompt_tokens must be >= 1 and streams >= 0")
+    decode_s = base + per_stream * streams
+    rows = []
+    for chunk in chunk_sizes:
+        steps = [decode_s + piece / rate for piece in pieces(prompt_tokens, chunk)]
+        window_s = sum(steps)
+        rows.append(
+            Row(
+                chunk_size=chunk,
+                prompt_tokens=prompt_tokens,
+                streams=streams,
+                worst_gap_s=max(steps),
+                rate_during_prefill_per_s=len(steps) / window_s,
+                ttft_s=window_s + decode_s / 2,
+                steps=len(steps),
+            )
+        )
+    return rows
+
+
+def pieces(prompt_tokens: int, chunk_size: int | None) -> list[int]:
+    """How a prompt is split over steps at ``chunk_size`` (``None``: one piece)."""
+    if chunk_size is None or chunk_size >= prompt_tokens:
+        return [prompt_tokens]
+    full, rest = divmod(prompt_tokens, chunk_size)
+    return [chunk_size] * full + ([rest] if rest else [])
+
+
+def recommend(fitted: Fit, rows: Sequence[Row], itl_target_s: float) -> Recommendation:
+    """The largest candidate (unchunked largest of all) whose worst gap is within the target."""
+    base, per_stream, rate = _params(fitted)
+    ordered = sorted(rows, key=lambda r: math.inf if r.chunk_size is None else r.chunk_size)
+    fitting = [i for i, r in enumerate(ordered) if r.worst_gap_s <= itl_target_s]
+    streams = rows[0].streams if rows else 0
+    room_s = itl_target_s - (base + per_stream * streams)
+    largest = math.floor(room_s * rate) if room_s > 0 else None
+    if not fitting:
+        return Recommendation(itl_target_s, False, None, ordered[0] if ordered else None, largest)
+    best = fitting[-1]
+    after = ordered[best + 1] if best + 1 < len(ordered) else None
+    return Recommendation(itl_target_s, True, ordered[best], after, largest)
+
+
+def capacity(fitted: Fit, tpot_target_s: float, prefill_load_tokens_per_s: float) -> Capacity:
+    """Most decoding streams within ``tpot_target_s``, without and with the prefill load."""
+    base, per_stream, rate = _params(fitted)
+    share = prefill_load_tokens_per_s / rate
+
+    def most(budget_s: float) -> int | None:
+        if budget_s < base + per_stream:
+            return 0
+        if per_stream <= 0:
+            return None
+        return math.floor((budget_s - base) / per_stream)
+
+    loaded = most(tpot_target_s * (1 - share)) if share < 1 else 0
+    return Capacity(tpot_target_s, most(tpot_target_s), prefill_load_tokens_per_s, loaded)
+
+
+def prefill_pool(
+    fitted: Fit, prompt_tokens: int, streams: int, kv_transfer_s: float
+) -> PrefillPool:
+    """A separate prefill pool: the decode pool's worst gap is one step; TTFT prefill + transfer."""
+    base, per_stream, rate = _params(fitted)
+    decode_s = base + per_stream * streams
+    return PrefillPool(
+        kv_transfer_s=kv_transfer_s,
+        worst_gap_s=decode_s,
+        rate_during_prefill_per_s=1 / decode_s,
+        ttft_s=base + prompt_tokens / rate + kv_transfer_s,
+    )
+
+
+def _params(fitted: Fit) -> tuple[float, float, float]:
+    r = fitted.fit_record
+    if r.decode_base_s is None or r.decode_per_stream_s is None or r.prefill_tokens_per_s is None:
+        raise ValueError("not enough data: " + "; ".join(fitted.missing))
+    return r.decode_base_s, r.decode_per_stream_s, r.prefill_tokens_per_s

@@ -1,0 +1,168 @@
+"""``GET /advice`` on the admin listener, and the fit that runs once a second.
+
+``Advisor`` owns one ``AdvisorObservations`` per backend. Once a second (a
+background task, off the token path) it fits each backend and hands the
+fitted parameters to ``publish`` (the Prometheus gauges). ``/advice`` fits
+afresh and answers the JSON of ``proxy.advisor.report``: ``{"backends": [...]}``,
+status 200 also when a backend has not enough data (its ``status`` says so).
+
+Query parameters (all optional): ``prompt_tokens``, ``streams``,
+``chunk_sizes`` (comma-separated, ``none`` for unchunked), ``itl_target``
+(seconds), ``kv_transfer`` (seconds). A bad value answers 400 naming it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from proxy.advisor.fit import Fit, fit
+from proxy.advisor.observations import AdvisorObservations, ObservationSnapshot
+from proxy.advisor.report import AdviceOptions, advise
+from proxy.core.backend_fit import BackendFitRecord
+
+log = logging.getLogger("tokenstamp.advisor")
+
+FIT_EVERY_S = 1.0
+"""Seconds between two fits of the background task."""
+
+
+class Advisor:
+    """The advisor of every backend the proxy serves."""
+
+    def __init__(
+        self,
+        observations: Sequence[AdvisorObservations],
+        *,
+        tpot_target_s: float,
+        clock: Callable[[], int] = time.monotonic_ns,
+        publish: Callable[[BackendFitRecord], None] | None = None,
+    ) -> None:
+        """``publish`` gets each backend's fit once a second (the gauges)."""
+        self.observations = tuple(observations)
+        """One per backend."""
+        self.tpot_target_s = tpot_target_s
+        """``--slo-tpot``: the capacity's target and the default ITL target."""
+        self._clock = clock
+        self._publish = publish
+
+    def refresh(self) -> list[tuple[Fit, ObservationSnapshot]]:
+        """Fit every backend now; publish the parameters."""
+        out = []
+        now_ns = self._clock()
+        for obs in self.observations:
+            snapshot = obs.snapshot(now_ns)
+            fitted = fit(snapshot)
+            out.append((fitted, snapshot))
+            if self._publish is not None:
+                try:
+                    self._publish(fitted.fit_record)
+                except Exception:  # telemetry never breaks traffic
+                    log.exception("advisor: publishing the fit failed")
+        return out
+
+    def advice(self, options: AdviceOptions | None = None) -> dict[str, Any]:
+        """The JSON document of ``/advice``."""
+        opts = options if options is not None else AdviceOptions(self.tpot_target_s)
+        return {"backends": [advise(f, s, opts) for f, s in self.refresh()]}
+
+    async def run(self, every_s: float = FIT_EVERY_S) -> None:
+        """Fit and publish every ``every_s`` seconds, forever."""
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                self.refresh()
+            except Exception:
+                log.exception("advisor: fit failed")
+
+
+def options_from_query(query: Mapping[str, str], tpot_target_s: float) -> AdviceOptions:
+    """``AdviceOptions`` from ``/advice``'s query; ValueError names a bad parameter."""
+    known = {"prompt_tokens", "streams", "chunk_sizes", "itl_target", "kv_transfer"}
+    for key in query:
+        if key not in known:
+            raise ValueError(f"{key}: unknown parameter (known: {', '.join(sorted(known))})")
+    chunks = query.get("chunk_sizes")
+    return AdviceOptions(
+        tpot_target_s=tpot_target_s,
+        prompt_tokens=_int(query, "prompt_tokens", 1),
+        streams=_int(query, "streams", 0),
+        chunk_sizes=parse_chunk_sizes(chunks) if chunks else AdviceOptions(0.0).chunk_sizes,
+        itl_target_s=_seconds(query, "itl_target"),
+        kv_transfer_s=_seconds(query, "kv_transfer") or 0.0,
+    )
+
+
+def parse_chunk_sizes(text: str) -> tuple[int | None, ...]:
+    """``512,2048,none`` -> ``(512, 2048, None)``; ValueError on anything else."""
+    out: list[int | None] = []
+    for raw in text.split(","):
+        part = raw.strip().lower()
+        if part == "none":
+            out.append(None)
+            continue
+        if not part.isdigit() or int(part) < 1:
+            raise ValueError(f"chunk_sizes: expected integers >= 1 or 'none', got {part!r}")
+        out.append(int(part))
+    if not out:
+        raise ValueError("chunk_sizes: empty")
+    return tuple(out)
+
+
+def _int(query: Mapping[str, str], key: str, minimum: int) -> int | None:
+    value = query.get(key)
+    if value is None:
+        return None
+    if not value.isdigit() or int(value) < minimum:
+        raise ValueError(f"{key}: expected an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _seconds(query: Mapping[str, str], key: str) -> float | None:
+    value = query.get(key)
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(f"{key}: expected seconds >= 0, got {value!r}")
+    return number
+
+
+ADVISOR: web.AppKey[Advisor] = web.AppKey("tokenstamp_advisor", Advisor)
+
+
+async def _advice(request: web.Request) -> web.Response:
+    advisor = request.app.get(ADVISOR)
+    if advisor is None:
+        return web.Response(
+            status=404, text="The advisor is off: start the proxy with --advisor (the default).\n"
+        )
+    try:
+        options = options_from_query(request.query, advisor.tpot_target_s)
+    except ValueError as exc:
+        return web.Response(status=400, text=f"{exc}\n")
+    body = orjson.dumps(advisor.advice(options), option=orjson.OPT_INDENT_2)
+    return web.Response(
+        body=body, content_type="application/json", headers={"Cache-Control": "no-store"}
+    )
+
+
+def advice_routes(advisor: Advisor | None) -> Callable[[web.Application], None]:
+    """Add ``GET /advice`` to an admin app (404 with a hint when ``advisor`` is ``None``)."""
+
+    def add(app: web.Application) -> None:
+        if advisor is not None:
+            app[ADVISOR] = advisor
+        app.router.add_get("/advice", _advice)
+
+    return add
