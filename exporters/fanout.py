@@ -76,7 +76,7 @@ class FanoutSink:
     Nested fan-outs are flattened. Per gap the cost is one loop over the sinks.
     """
 
-    __slots__ = ("errors", "sinks")
+    __slots__ = ("_gap_sinks", "errors", "sinks")
 
     def __init__(self, *sinks: Sink, errors: ErrorLog | None = None) -> None:
         flat: list[Sink] = []
@@ -84,6 +84,8 @@ class FanoutSink:
             flat.extend(sink.sinks if isinstance(sink, FanoutSink) else (sink,))
         self.sinks: tuple[Sink, ...] = tuple(flat)
         """The sinks, called in this order."""
+        # Per token only the sinks that take gaps (see ``Sink``'s ``takes_gaps``).
+        self._gap_sinks = tuple(s for s in flat if getattr(s, "takes_gaps", True))
         self.errors = errors if errors is not None else ErrorLog()
         """Where failures are counted and logged."""
 
@@ -115,7 +117,7 @@ class FanoutSink:
 
     def gap(self, labels: RequestLabels, gap_s: float, request_id: str, trace_id: str = "") -> None:
         """Fan out ``gap`` (the trace id only when there is one, as the timer does)."""
-        for sink in self.sinks:
+        for sink in self._gap_sinks:
             try:
                 if trace_id:
                     sink.gap(labels, gap_s, request_id, trace_id)

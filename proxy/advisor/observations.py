@@ -314,6 +314,8 @@ class ObservationSink:
     """The ``Sink`` side of ``AdvisorObservations``: prompt sizes and stalls, nothing per token."""
 
     __slots__ = ("observations",)
+    takes_gaps = False
+    """Gaps come through the watcher face: fan-outs skip this sink per token."""
 
     def __init__(self, observations: AdvisorObservations) -> None:
         self.observations = observations

@@ -298,6 +298,8 @@ class Sink(Protocol):
 
     Implementations must be cheap and must not raise into the caller's path
     more than they can help: the proxy wraps calls, but a slow sink slows tokens.
+    A sink whose ``gap`` does nothing says so with a class attribute
+    ``takes_gaps = False``: a fan-out then skips it on every token.
     """
 
     def request_started(self, labels: RequestLabels) -> None:

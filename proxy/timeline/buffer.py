@@ -365,6 +365,8 @@ class TimelineSink:
     """The ``Sink`` face of a ``TimelineBuffer``: keeps records, ignores per-token calls."""
 
     __slots__ = ("_buffer",)
+    takes_gaps = False
+    """Stamps come through the watcher face: fan-outs skip this sink per token."""
 
     def __init__(self, buffer: TimelineBuffer) -> None:
         self._buffer = buffer

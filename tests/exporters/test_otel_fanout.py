@@ -110,3 +110,26 @@ def test_unsampled_streams_call_gap_with_three_arguments():
 
     _stream(ThreeArgs(CollectorRegistry()))
     assert [c[1] for c in calls] == pytest.approx([0.001, 0.005])
+
+
+def test_a_sink_that_takes_no_gaps_is_skipped_per_token_only():
+    class Counting:
+        takes_gaps = False
+
+        def __init__(self):
+            self.calls = []
+
+        def gap(self, *args):
+            self.calls.append("gap")
+
+        def decoder_error(self, backend, kind):
+            self.calls.append("decoder_error")
+
+    quiet, loud = Counting(), Counting()
+    loud.takes_gaps = True
+    fan = FanoutSink(quiet, loud)
+    labels = RequestLabels("chat", "m", Backend("openai", "b"))
+    fan.gap(labels, 0.02, "r")
+    fan.decoder_error(labels.backend, "invalid_json")
+    assert quiet.calls == ["decoder_error"]
+    assert loud.calls == ["gap", "decoder_error"]

@@ -70,5 +70,5 @@ def test_loop_choice_is_validated_and_defaults_to_auto():
         config_from_argv(["--upstream", "http://u:1"], env={"TOKENSTAMP_LOOP": "UVLOOP"}).loop
         == "uvloop"
     )
-    with pytest.raises(ConfigError, match="^--loop: expected auto, asyncio or uvloop"):
+    with pytest.raises(ConfigError, match=r"^--loop: expected auto, asyncio or uvloop"):
         config_from_argv(["--upstream", "http://u:1", "--loop", "trio"], env={})
