@@ -324,6 +324,16 @@ class ObservationSink:
     def request_started(self, labels: RequestLabels) -> None:
         """Not used."""
 
+    def first_token(
+        self,
+        labels: RequestLabels,
+        ttft_s: float,
+        upstream_ttft_s: float | None,
+        request_id: str,
+        trace_id: str = "",
+    ) -> None:
+        """Not used (the watcher's ``first_token`` carries the stamp)."""
+
     def gap(self, labels: RequestLabels, gap_s: float, request_id: str, trace_id: str = "") -> None:
         """Not used (the watcher's ``gap`` carries the stamps)."""
 
