@@ -14,15 +14,11 @@ prompt text only (not from other body keys a proxy may add), and ``created``
 is fixed for the life of the process. Masking the stamp digits therefore makes
 the bytes of one prompt's answer identical through any faithful proxy.
 
-Lockstep (``--step-rate S``): one timer for all streams, as an engine's step
-loop. Every step writes the next content chunk of every open stream back to
-back, all stamped with the step's time (so transit includes the backend's own
-writing of the step, which the direct run has too, and equal stamps name one
-step). A stream joins at the next step after its role chunk.
-
-A request may slow its own stream with ``"bench_rate_per_s": R`` in its body
-(the memory figure's slowly streaming streams); this changes timing only,
-never bytes.
+Lockstep (``--step-rate S``): one timer for all streams, as an engine's step loop; each
+step writes the next chunk of every open stream back to back, all stamped with the step's
+time (transit includes the backend's own writing of the step, as the direct run does; equal
+stamps name one step). ``"bench_rate_per_s": R`` in a body slows that one stream (the
+memory figure's streams): timing only, never bytes.
 
 Also serves ``GET /health`` and ``GET /v1/models``; a non-streaming request
 waits for the whole answer's time, then returns one JSON body.
