@@ -20,9 +20,10 @@ the start and end of the window. ``--verify`` hashes every complete response
 body with the stamp digits zeroed, for byte-identity checks across targets.
 Prints one JSON object (``LoadResult``) on stdout.
 
-SSE parsing is minimal on purpose (events end in ``\\n\\n``, as the bench
-backend writes them; the stamp is found with ``bytes.find``): the client must
-stay cheap so it is never the bottleneck.
+The client runs on uvloop where it is installed. SSE parsing is minimal on
+purpose (events end in ``\\n\\n``, as the bench backend writes them; the stamp is
+found with ``bytes.find``): the client must stay cheap so it is never the
+bottleneck.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -337,10 +338,24 @@ def parse_plan(argv: Sequence[str] | None = None) -> LoadPlan:
     )
 
 
+def event_loop_runner() -> Callable[[Coroutine[Any, Any, LoadResult]], LoadResult]:
+    """``uvloop.run`` where uvloop is installed, else ``asyncio.run``.
+
+    On uvloop the client costs about half as much per token, so at 256 lockstep
+    streams its own reading delays a step's tokens far less, and it takes less of
+    the cores the targets share.
+    """
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run
+    return uvloop.run
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one load and print its ``LoadResult`` as JSON on stdout."""
     plan = parse_plan(argv)
-    result = asyncio.run(run_load(plan))
+    result = event_loop_runner()(run_load(plan))
     json.dump(result.to_dict(), sys.stdout)
     sys.stdout.write("\n")
     return 0
