@@ -21,10 +21,11 @@ demo-techniques: install
 	$(BIN)/tokenstamp demo --techniques
 
 ## System packages the tests need (prometheus server and promtool, node + npm for the
-## dashboard schema check, chromium for the timeline's browser test). Only what is
+## dashboard schema check, chromium for the timeline's browser test, nginx for the
+## benchmark's nginx target). Only what is
 ## missing is installed: a machine whose node comes from another repository (with its
 ## own npm) must not be handed Debian's npm, which conflicts with it.
-SYSTEM_NEEDS := prometheus:prometheus promtool:prometheus node:nodejs npm:npm chromium:chromium
+SYSTEM_NEEDS := prometheus:prometheus promtool:prometheus node:nodejs npm:npm chromium:chromium nginx:nginx-light
 deps-system:
 	@missing=""; for need in $(SYSTEM_NEEDS); do \
 		cmd=$${need%%:*}; pkg=$${need##*:}; \

@@ -14,6 +14,12 @@ prompt text only (not from other body keys a proxy may add), and ``created``
 is fixed for the life of the process. Masking the stamp digits therefore makes
 the bytes of one prompt's answer identical through any faithful proxy.
 
+Lockstep (``--step-rate S``): one timer for all streams, as an engine's step loop; each
+step writes the next chunk of every open stream back to back, all stamped with the step's
+time (transit includes the backend's own writing of the step, as the direct run does; equal
+stamps name one step). ``"bench_rate_per_s": R`` in a body slows that one stream (the
+memory figure's streams): timing only, never bytes.
+
 Also serves ``GET /health`` and ``GET /v1/models``; a non-streaming request
 waits for the whole answer's time, then returns one JSON body.
 """
@@ -22,10 +28,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -59,6 +66,8 @@ class BackendConfig:
     """Model name reported when the request names none."""
     created_unix_s: int = 0
     """``created`` field of every chunk (fixed, for deterministic bytes)."""
+    step_rate_per_s: float = 0.0
+    """Lockstep steps per second (one chunk to every open stream per step); 0: off."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +84,8 @@ class Answer:
     """Model name to report."""
     prompt_text: str
     """Concatenated message texts: the answer's only source of variation."""
+    rate_per_s: float = 0.0
+    """This stream's own token rate (``bench_rate_per_s``); 0: the backend's."""
 
 
 class BadRequest(ValueError):
@@ -103,7 +114,11 @@ def parse_request(body: bytes, config: BackendConfig) -> Answer:
             content = m.get("content") if isinstance(m, dict) else None
             if isinstance(content, str):
                 texts.append(content)
+    rate = obj.get("bench_rate_per_s", 0.0)
+    if not isinstance(rate, int | float) or isinstance(rate, bool) or rate < 0:
+        raise BadRequest("bench_rate_per_s must be a number >= 0")
     return Answer(
+        rate_per_s=float(rate),
         stream=obj.get("stream") is True,
         include_usage=isinstance(opts, dict) and opts.get("include_usage") is True,
         max_tokens=n,
@@ -181,22 +196,99 @@ DONE = b"data: [DONE]\n\n"
 CONFIG: web.AppKey[BackendConfig] = web.AppKey("bench_backend_config", BackendConfig)
 
 
+@dataclass(slots=True)
+class _Joined:
+    """One stream in the lockstep: what it still has to send."""
+
+    resp: web.StreamResponse
+    """Where its chunks go."""
+    fmt: ChunkFormat
+    """Its answer's bytes."""
+    total: int
+    """Content chunks to send."""
+    done: asyncio.Future[None]
+    """Resolved after its last content chunk (or when its client went away)."""
+    sent: int = 0
+    """Content chunks sent so far."""
+
+
+class Stepper:
+    """The lockstep: one timer; each step writes one chunk to every open stream, back to back."""
+
+    __slots__ = ("_joining", "_open", "_period_ns")
+
+    def __init__(self, step_rate_per_s: float) -> None:
+        if step_rate_per_s <= 0:
+            raise ValueError("step rate must be > 0")
+        self._period_ns = round(1e9 / step_rate_per_s)
+        self._open: list[_Joined] = []
+        self._joining: list[_Joined] = []
+
+    def join(self, resp: web.StreamResponse, fmt: ChunkFormat, total: int) -> _Joined:
+        """Enter a stream; it gets its first chunk at the next step."""
+        entry = _Joined(resp, fmt, total, asyncio.get_running_loop().create_future())
+        self._joining.append(entry)
+        return entry
+
+    async def run(self) -> None:
+        """Step until cancelled; a late step starts at once, without catching up missed ones."""
+        clock = time.monotonic_ns
+        next_ns = clock()
+        while True:
+            next_ns += self._period_ns
+            delay_ns = next_ns - clock()
+            if delay_ns > 0:
+                await asyncio.sleep(delay_ns / 1e9)
+            else:
+                next_ns = clock()
+            self._open += self._joining
+            self._joining = []
+            step_ns = clock()
+            keep: list[_Joined] = []
+            for s in self._open:
+                if s.done.done():
+                    continue  # its handler left (client gone)
+                try:
+                    await s.resp.write(s.fmt.content(s.sent, step_ns))
+                except ConnectionError:
+                    s.done.set_result(None)
+                    continue
+                s.sent += 1
+                if s.sent >= s.total:
+                    s.done.set_result(None)
+                else:
+                    keep.append(s)
+            self._open = keep
+
+
+STEPPER: web.AppKey[Stepper] = web.AppKey("bench_backend_stepper", Stepper)
+
+
 async def _stream(
     request: web.Request, answer: Answer, config: BackendConfig
 ) -> web.StreamResponse:
     fmt = ChunkFormat(answer, config.created_unix_s)
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-    period_ns = round(1e9 / config.rate_per_s)
+    period_ns = round(1e9 / (answer.rate_per_s or config.rate_per_s))
     clock = time.monotonic_ns
+    stepper = request.app.get(STEPPER)
     try:
         await resp.prepare(request)
         start_ns = clock()
         await resp.write(fmt.role())
-        for i in range(answer.max_tokens):
-            delay_ns = start_ns + (i + 1) * period_ns - clock()
-            if delay_ns > 0:
-                await asyncio.sleep(delay_ns / 1e9)
-            await resp.write(fmt.content(i, clock()))
+        if stepper is not None and not answer.rate_per_s:
+            entry = stepper.join(resp, fmt, answer.max_tokens)
+            try:
+                await entry.done
+            finally:
+                if not entry.done.done():
+                    entry.done.cancel()  # the stepper skips it from now on
+        else:
+            for i in range(answer.max_tokens):
+                delay_ns = start_ns + (i + 1) * period_ns - clock()
+                if delay_ns > 0:
+                    await asyncio.sleep(delay_ns / 1e9)
+                await resp.write(fmt.content(i, clock()))
         tail = fmt.finish("length")
         if answer.include_usage:
             tail += fmt.usage(answer.max_tokens)
@@ -251,6 +343,18 @@ def create_app(config: BackendConfig) -> web.Application:
     """The backend application."""
     app = web.Application()
     app[CONFIG] = config
+    if config.step_rate_per_s > 0:
+        stepper = Stepper(config.step_rate_per_s)
+        app[STEPPER] = stepper
+
+        async def stepping(app: web.Application) -> AsyncIterator[None]:
+            task = asyncio.get_running_loop().create_task(stepper.run())
+            yield
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+        app.cleanup_ctx.append(stepping)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/health", _health)
     app.router.add_get("/v1/models", _models)
@@ -265,14 +369,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=50.0, help="tokens/s per stream")
     parser.add_argument("--max-tokens", type=int, default=200, help="default answer length")
     parser.add_argument("--model", default="bench-model", help="model name reported")
+    parser.add_argument(
+        "--step-rate", type=float, default=0.0, help="lockstep steps/s for all streams (0: off)"
+    )
     args = parser.parse_args(argv)
-    if args.rate <= 0:
-        parser.error("--rate must be > 0")
+    if args.rate <= 0 or args.step_rate < 0:
+        parser.error("--rate must be > 0, --step-rate >= 0")
     config = BackendConfig(
         rate_per_s=args.rate,
         default_max_tokens=args.max_tokens,
         model=args.model,
         created_unix_s=int(time.time()),
+        step_rate_per_s=args.step_rate,
     )
     web.run_app(
         create_app(config),

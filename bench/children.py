@@ -107,6 +107,13 @@ class Children:
     ) -> None:
         self.stop_all()
 
+    def workdir(self, name: str) -> Path:
+        """An empty folder for one child's own files (configs, pid files), removed at the end."""
+        safe = "".join(c if c.isalnum() else "_" for c in name)
+        path = Path(self._logdir.name) / f"work-{safe}"
+        path.mkdir(exist_ok=True)
+        return path
+
     def start(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None) -> Child:
         """Start ``argv`` with ``env`` added to this process's environment."""
         full_env = dict(os.environ)

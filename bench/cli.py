@@ -16,7 +16,7 @@ from types import FrameType
 from bench.children import ChildError
 from bench.plot import PlotUnavailable, plot_path, write_plot
 from bench.report import markdown, to_json
-from bench.run import BenchError, BenchOptions, run_bench
+from bench.run import LOCKSTEP, MAX_RATE, SCENARIOS, BenchError, BenchOptions, run_bench
 from bench.targets import (
     BUILTIN_TARGETS,
     DEFAULT_TARGETS,
@@ -37,7 +37,37 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "report per-token transit and each proxy's CPU time per token (medians over rounds). "
         f"Targets: {known}.",
     )
-    p.add_argument("--streams", type=int, default=64, help="concurrent streams (default 64)")
+    p.add_argument(
+        "--scenario",
+        default="steady",
+        help="comma-separated scenarios, run in turn: steady (each stream on its own timer), "
+        "lockstep (every open stream's token written in one backend step), max-rate (tokens/s "
+        "through one core, one token per read), or all (default steady)",
+    )
+    p.add_argument(
+        "--streams",
+        type=int,
+        default=None,
+        help="concurrent streams (default: steady 64, lockstep 256, max-rate 128)",
+    )
+    p.add_argument(
+        "--step-rate",
+        type=float,
+        default=25.0,
+        help="lockstep: backend steps per second (default 25)",
+    )
+    p.add_argument(
+        "--memory-streams",
+        type=int,
+        default=1000,
+        help="open streams for the RSS-per-stream figure in steady and lockstep; 0: off "
+        "(default 1000)",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a short run: 1 round of 3 s per target, 0.5 s warm-up, 200 open streams for memory",
+    )
     p.add_argument(
         "--rate",
         type=float,
@@ -93,6 +123,10 @@ def _fail(message: str, status: int) -> int:
     return status
 
 
+def _log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt  # unwinds through ``Children``, which stops every child
 
@@ -104,37 +138,68 @@ def run(args: argparse.Namespace) -> int:
         targets = select_targets(args.targets, defined)
     except TargetError as exc:
         return _fail(str(exc), 2)
-    if args.streams < 1 or args.rounds < 1 or args.max_tokens < 1:
+    scenarios = parse_scenarios(args.scenario)
+    if scenarios is None:
+        return _fail(f"--scenario: expected a list of {', '.join(SCENARIOS)} or all, "
+                     f"got {args.scenario!r}", 2)  # fmt: skip
+    if args.quick:
+        args.duration, args.rounds, args.warmup = 3.0, 1, 0.5
+        args.memory_streams = min(args.memory_streams, 200)
+    if (args.streams is not None and args.streams < 1) or args.rounds < 1 or args.max_tokens < 1:
         return _fail("--streams, --rounds and --max-tokens must be >= 1", 2)
-    if args.rate <= 0 or args.duration <= 0 or args.warmup < 0:
-        return _fail("--rate and --duration must be > 0, --warmup >= 0", 2)
-    options = BenchOptions(
-        targets=targets,
-        streams=args.streams,
-        rate_per_s=args.rate,
-        duration_s=args.duration,
-        rounds=args.rounds,
-        max_tokens=args.max_tokens,
-        warmup_s=args.warmup,
-    )
+    if args.rate <= 0 or args.duration <= 0 or args.warmup < 0 or args.step_rate <= 0:
+        return _fail("--rate, --step-rate and --duration must be > 0, --warmup >= 0", 2)
+    if args.memory_streams < 0:
+        return _fail("--memory-streams must be >= 0", 2)
+    reports = []
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        report = run_bench(options, log=lambda line: print(line, file=sys.stderr, flush=True))
+        for scenario in scenarios:
+            options = BenchOptions(
+                targets=targets,
+                streams=args.streams or _DEFAULT_STREAMS.get(scenario, 64),
+                rate_per_s=args.rate,
+                duration_s=args.duration,
+                rounds=args.rounds,
+                max_tokens=args.max_tokens,
+                warmup_s=args.warmup,
+                scenario=scenario,
+                step_rate_per_s=args.step_rate,
+                memory_streams=0 if scenario == MAX_RATE else args.memory_streams,
+            )
+            reports.append(run_bench(options, log=_log))
     except (BenchError, ChildError, TargetError) as exc:
         return _fail(str(exc), 1)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    table = markdown(report)
+    table = "\n".join(markdown(r) for r in reports)
     sys.stdout.write(table)
     if args.markdown is not None:
         args.markdown.write_text(table, encoding="utf-8")
     if args.json is not None:
-        args.json.write_text(json.dumps(to_json(report), indent=2) + "\n", encoding="utf-8")
+        data = to_json(reports[0]) if len(reports) == 1 else {
+            "scenarios": [to_json(r) for r in reports]
+        }  # fmt: skip
+        args.json.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     plot = plot_path(args.plot, args.markdown, args.json)
     if plot is not None:
         try:
-            write_plot(report, plot)
+            write_plot(reports[0], plot)
             print(f"plot: {plot}", file=sys.stderr)
         except PlotUnavailable as exc:
             print(f"tokenstamp bench: no plot: {exc}", file=sys.stderr)
-    return 0 if all(r.identical for r in report.rows) else 1
+    return 0 if all(r.identical for rep in reports for r in rep.rows) else 1
+
+
+_DEFAULT_STREAMS = {LOCKSTEP: 256, MAX_RATE: 128}
+"""Streams per scenario when ``--streams`` is not given (steady: 64)."""
+
+
+def parse_scenarios(text: str) -> tuple[str, ...] | None:
+    """``steady,lockstep`` or ``all`` into scenario names in order; None when one is unknown."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if names == ["all"]:
+        return SCENARIOS
+    if not names or any(n not in SCENARIOS for n in names) or len(set(names)) < len(names):
+        return None
+    return tuple(names)

@@ -5,11 +5,14 @@ send it upstream on a pooled ``ClientSession`` (``auto_decompress=False``),
 start the response with the upstream's status and end-to-end headers, then
 copy the body read by read (``readany()`` then ``write()``). Whatever CPU
 tokenstamp spends beyond this per token is the price of watching the stream.
+``--loop uvloop`` runs the same code on uvloop (installed with tokenstamp on
+Linux and macOS), so each loop's proxy has its own baseline.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 
 import aiohttp
@@ -83,11 +86,32 @@ def create_app(upstream: str) -> web.Application:
     return app
 
 
+def new_loop(name: str) -> asyncio.AbstractEventLoop:
+    """A fresh event loop of the named kind: ``asyncio`` (the default loop) or ``uvloop``."""
+    if name == "uvloop":
+        try:
+            import uvloop
+        except ImportError:
+            raise SystemExit(
+                "--loop uvloop: uvloop is not installed (pip install uvloop)"
+            ) from None
+        return uvloop.new_event_loop()
+    if name == "asyncio":
+        return asyncio.new_event_loop()
+    raise ValueError(f"unknown loop {name!r} (asyncio or uvloop)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m bench.passthrough --upstream URL --listen HOST:PORT``."""
+    """``python -m bench.passthrough --upstream URL --listen HOST:PORT [--loop uvloop]``."""
     parser = argparse.ArgumentParser(prog="python -m bench.passthrough", description=__doc__)
     parser.add_argument("--upstream", required=True, help="backend base URL")
     parser.add_argument("--listen", default="127.0.0.1:8081", help="HOST:PORT to listen on")
+    parser.add_argument(
+        "--loop",
+        choices=("asyncio", "uvloop"),
+        default="asyncio",
+        help="event loop (default asyncio)",
+    )
     args = parser.parse_args(argv)
     host, _, port = str(args.listen).rpartition(":")
     if not port.isdigit():
@@ -100,6 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         access_log=None,
         handler_cancellation=True,
         shutdown_timeout=1.0,
+        loop=new_loop(args.loop),
     )
     return 0
 

@@ -73,7 +73,10 @@ def write_plot(report: BenchReport, path: Path, *, dpi: int = 120) -> Path:
     for ax in (transit, cpu):
         ax.set_xlim(-0.6, len(rows) - 0.4)
         ax.set_xticks(xs)
-        ax.set_xticklabels(names, fontsize=9)
+        # Long names (passthrough-uvloop, tokenstamp-nostall) collide upright beyond 4 targets.
+        slanted = len(names) > 4
+        ax.set_xticklabels(names, fontsize=9, rotation=25 if slanted else 0,
+                           ha="right" if slanted else "center")  # fmt: skip
         ax.margins(y=0.22)
         ax.tick_params(axis="y", labelsize=8, colors=_COLORS["muted"])
         ax.grid(axis="y", color="#edf0f4")

@@ -12,23 +12,56 @@ Order of a run:
    process, which reads the target's CPU time at its window's edges;
 4. report per target the median over rounds.
 
+Scenarios (one per run; ``tokenstamp bench --scenario`` runs several in turn):
+``steady`` (every stream on its own timer), ``lockstep`` (the backend writes
+every open stream's next token in one step, as an engine does; the load also
+keeps each step's last-delivered token) and ``max-rate`` (each target pinned to
+one core, a closed loop at one token per read: tokens/s and CPU, no latency,
+no byte check). With ``memory_streams``, steady and lockstep also measure the
+target's RSS per open stream right after verification.
+
+A target whose program is missing (nginx) is skipped and named in the report.
 Every child is stopped at the end, also on error or Ctrl-C.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from bench.children import Child, ChildError, Children, free_ports
-from bench.loadgen import LoadResult
-from bench.stats import Summary, median, median_summary
-from bench.targets import DIRECT, PASSTHROUGH, TargetSpec
+from bench.memload import MemoryResult
+from bench.phases import (
+    PhaseError,
+    cores_for_max_rate,
+    max_rate_load,
+    measure_memory,
+    pin,
+    raise_open_files_limit,
+)
+from bench.result import LoadResult
+from bench.rows import (
+    LOCKSTEP,
+    MAX_RATE,
+    SCENARIOS,
+    STEADY,
+    UNCHECKED,
+    BenchOptions,
+    BenchReport,
+    RoundResult,
+    TargetRow,
+    aggregate,
+)
+from bench.targets import TargetSpec
+
+__all__ = [
+    "LOCKSTEP", "MAX_RATE", "SCENARIOS", "STEADY", "BenchError", "BenchOptions", "BenchReport",
+    "RoundResult", "TargetRow", "aggregate", "loadgen_args", "rotated", "run_bench", "run_load",
+]  # fmt: skip
 
 _VERIFY_STREAMS = 4
 _VERIFY_TOKENS = 20
@@ -38,108 +71,6 @@ _SETTLE_S = 0.3
 
 class BenchError(RuntimeError):
     """The benchmark could not run (a child failed, a load failed)."""
-
-
-@dataclass(frozen=True, slots=True)
-class BenchOptions:
-    """What to run."""
-
-    targets: tuple[TargetSpec, ...]
-    """Targets in the order of the first round."""
-    streams: int = 64
-    """Concurrent streams per load."""
-    rate_per_s: float = 50.0
-    """Tokens per second per stream (the backend's pace)."""
-    duration_s: float = 10.0
-    """Measured seconds per target, split evenly over the rounds."""
-    rounds: int = 3
-    """Rounds; each runs every target once."""
-    max_tokens: int = 200
-    """Tokens per request."""
-    warmup_s: float = 1.0
-    """Seconds of load before each window opens."""
-
-    @property
-    def window_s(self) -> float:
-        """Measured seconds of one load."""
-        return self.duration_s / self.rounds
-
-
-@dataclass(frozen=True, slots=True)
-class RoundResult:
-    """One load against one target."""
-
-    target: str
-    """Target name."""
-    round: int
-    """Round number, from 0."""
-    load: LoadResult
-    """What the load generator measured."""
-
-    @property
-    def cpu_us_per_token(self) -> float:
-        """Target CPU microseconds per token relayed (NaN for ``direct`` or no tokens)."""
-        cpu = self.load.cpu_s.get("target", math.nan)
-        return cpu / self.load.tokens * 1e6 if self.load.tokens else math.nan
-
-    @property
-    def backend_us_per_token(self) -> float:
-        """Backend CPU microseconds per token."""
-        cpu = self.load.cpu_s.get("backend", math.nan)
-        return cpu / self.load.tokens * 1e6 if self.load.tokens else math.nan
-
-    @property
-    def loadgen_us_per_token(self) -> float:
-        """Load generator CPU microseconds per token."""
-        return self.load.loadgen_cpu_s / self.load.tokens * 1e6 if self.load.tokens else math.nan
-
-
-@dataclass(frozen=True, slots=True)
-class TargetRow:
-    """One line of the report: medians over rounds."""
-
-    name: str
-    """Target name."""
-    tokens: int
-    """Tokens received in all windows together."""
-    errors: int
-    """Failed requests in all loads together."""
-    transit: Summary
-    """Per-token transit, median over rounds of each statistic."""
-    gap: Summary
-    """Client-side inter-token gap, median over rounds."""
-    ttft: Summary
-    """Client-side time to first token, median over rounds."""
-    extra_p50_ms: float
-    """Transit p50 minus the direct target's (NaN without ``direct``)."""
-    extra_p99_ms: float
-    """Transit p99 minus the direct target's (NaN without ``direct``)."""
-    cpu_us_per_token: float
-    """Median over rounds of the target's CPU per token (NaN for ``direct``)."""
-    cpu_ratio: float
-    """CPU per token over the pass-through's (NaN without ``passthrough``)."""
-    backend_us_per_token: float
-    """Median backend CPU per token during this target's loads."""
-    loadgen_us_per_token: float
-    """Median load generator CPU per token during this target's loads."""
-    body_sha256: str
-    """Digest of the verification bodies (stamps masked)."""
-    identical: bool
-    """Verification bodies are byte-identical to the direct ones (or to the first target's)."""
-
-
-@dataclass(frozen=True, slots=True)
-class BenchReport:
-    """Everything one run measured."""
-
-    options: BenchOptions
-    """What was run."""
-    rows: tuple[TargetRow, ...]
-    """One per target, in ``options.targets`` order."""
-    rounds: tuple[RoundResult, ...]
-    """Every load, in the order run."""
-    elapsed_s: float
-    """Wall time of the whole run."""
 
 
 def _python() -> str:
@@ -168,46 +99,14 @@ def rotated(targets: Sequence[TargetSpec], round_index: int) -> list[TargetSpec]
     return [*targets[k:], *targets[:k]]
 
 
-def aggregate(
-    options: BenchOptions, results: Sequence[RoundResult], digests: dict[str, str]
-) -> tuple[TargetRow, ...]:
-    """Per-target medians over rounds, with differences to ``direct`` and ratios to the baseline."""
-    by_name = {t.name: [r for r in results if r.target == t.name] for t in options.targets}
-    transit = {n: median_summary([r.load.transit for r in rs]) for n, rs in by_name.items()}
-    cpu = {n: median(r.cpu_us_per_token for r in rs) for n, rs in by_name.items()}
-    direct = transit.get(DIRECT)
-    base_cpu = cpu.get(PASSTHROUGH, math.nan)
-    reference = digests.get(DIRECT) or digests.get(options.targets[0].name, "")
-    rows: list[TargetRow] = []
-    for t in options.targets:
-        rs = by_name[t.name]
-        s = transit[t.name]
-        rows.append(
-            TargetRow(
-                name=t.name,
-                tokens=sum(r.load.tokens for r in rs),
-                errors=sum(r.load.errors for r in rs),
-                transit=s,
-                gap=median_summary([r.load.gap for r in rs]),
-                ttft=median_summary([r.load.ttft for r in rs]),
-                extra_p50_ms=s.p50_ms - direct.p50_ms if direct and not t.is_direct else math.nan,
-                extra_p99_ms=s.p99_ms - direct.p99_ms if direct and not t.is_direct else math.nan,
-                cpu_us_per_token=cpu[t.name],
-                cpu_ratio=cpu[t.name] / base_cpu if base_cpu > 0 else math.nan,
-                backend_us_per_token=median(r.backend_us_per_token for r in rs),
-                loadgen_us_per_token=median(r.loadgen_us_per_token for r in rs),
-                body_sha256=digests.get(t.name, ""),
-                identical=bool(reference) and digests.get(t.name) == reference,
-            )
-        )
-    return tuple(rows)
-
-
 def loadgen_args(**flags: object) -> list[str]:
-    """``--flag value`` pairs for ``bench.loadgen`` (underscores become dashes; ``True`` alone)."""
+    """``--flag value`` pairs for ``bench.loadgen`` (underscores become dashes; ``True`` alone,
+    ``False`` left out)."""
     out: list[str] = []
     for key, value in flags.items():
         flag = "--" + key.replace("_", "-")
+        if value is False:
+            continue
         if value is True:
             out.append(flag)
         elif isinstance(value, list | tuple):
@@ -222,8 +121,10 @@ def loadgen_args(**flags: object) -> list[str]:
 class _Started:
     """The running processes of one benchmark."""
 
-    backend: Child
-    """The stamping backend."""
+    backend: Child | None
+    """The stamping backend (None for max-rate: each load brings its own)."""
+    backend_port: int
+    """The port every target's upstream points at."""
     urls: dict[str, str]
     """Base URL of every target, by name."""
     procs: dict[str, Child]
@@ -234,11 +135,15 @@ def _start(children: Children, options: BenchOptions) -> _Started:
     py = _python()
     backend_port, *ports = free_ports(1 + 2 * len(options.targets))
     upstream = f"http://127.0.0.1:{backend_port}"
-    backend = children.start("backend", [
-        py, "-m", "bench.backend", "--port", str(backend_port),
-        "--rate", repr(options.rate_per_s), "--max-tokens", str(options.max_tokens),
-    ])  # fmt: skip
-    backend.wait_listening(backend_port)
+    backend: Child | None = None
+    if options.scenario != MAX_RATE:
+        step_rate = options.step_rate_per_s if options.scenario == LOCKSTEP else 0.0
+        backend = children.start("backend", [
+            py, "-m", "bench.backend", "--port", str(backend_port),
+            "--rate", repr(options.rate_per_s), "--max-tokens", str(options.max_tokens),
+            "--step-rate", repr(step_rate),
+        ])  # fmt: skip
+        backend.wait_listening(backend_port)
     urls: dict[str, str] = {}
     procs: dict[str, Child] = {}
     for i, t in enumerate(options.targets):
@@ -249,12 +154,13 @@ def _start(children: Children, options: BenchOptions) -> _Started:
         values = {
             "python": py, "upstream": upstream, "port": str(port), "admin_port": str(admin_port),
             "listen": f"127.0.0.1:{port}", "admin": f"127.0.0.1:{admin_port}",
+            "workdir": str(children.workdir(t.name)),
         }  # fmt: skip
         procs[t.name] = children.start(t.name, t.command(values), dict(t.env))
         urls[t.name] = f"http://127.0.0.1:{port}"
     for name, child in procs.items():
         child.wait_listening(int(urls[name].rpartition(":")[2]))
-    return _Started(backend, urls, procs)
+    return _Started(backend, backend_port, urls, procs)
 
 
 def _verify(options: BenchOptions, started: _Started) -> dict[str, str]:
@@ -276,46 +182,97 @@ def _measure(
 ) -> list[RoundResult]:
     results: list[RoundResult] = []
     window, warmup = options.window_s, options.warmup_s
+    cores = cores_for_max_rate() if options.scenario == MAX_RATE else None
+    if cores is not None:
+        for child in started.procs.values():
+            pin(child.pid, cores[0])
     for r in range(options.rounds):
         for t in rotated(options.targets, r):
-            pids = [f"backend={started.backend.pid}"]
             proc = started.procs.get(t.name)
             if proc is not None:
                 proc.check_alive()
-                pids.append(f"target={proc.pid}")
-            args = loadgen_args(url=started.urls[t.name], streams=options.streams,
-                                max_tokens=options.max_tokens, duration=repr(window),
-                                warmup=repr(warmup), label=f"round{r}", cpu_pid=pids,
-                                timeout=repr(window + warmup + 30))  # fmt: skip
-            res = run_load(args, timeout_s=window + warmup + 40)
+            if options.scenario == MAX_RATE:
+                res = max_rate_load(started.backend_port, started.urls[t.name], options.streams,
+                                    window, warmup, proc.pid if proc is not None else None,
+                                    cores[1] if cores else None)  # fmt: skip
+            else:
+                pids = [f"backend={started.backend.pid}"] if started.backend is not None else []
+                if proc is not None:
+                    pids.append(f"target={proc.pid}")
+                args = loadgen_args(url=started.urls[t.name], streams=options.streams,
+                                    max_tokens=options.max_tokens, duration=repr(window),
+                                    warmup=repr(warmup), label=f"round{r}", cpu_pid=pids,
+                                    timeout=repr(window + warmup + 30),
+                                    steps=options.scenario == LOCKSTEP)  # fmt: skip
+                res = run_load(args, timeout_s=window + warmup + 40)
             if res.tokens == 0:
                 raise BenchError(f"{t.name}: no tokens received; errors: {res.error_samples}")
             results.append(RoundResult(t.name, r, res))
-            log(f"round {r + 1}/{options.rounds} {t.name}: {res.tokens} tokens, transit "
-                f"p50 {res.transit.p50_ms:.3f} ms p99 {res.transit.p99_ms:.3f} ms, "
+            log(f"round {r + 1}/{options.rounds} {t.name}: {res.tokens} tokens "
+                f"({res.tokens / res.window_s:.0f}/s), transit p50 {res.transit.p50_ms:.3f} ms "
+                f"p99 {res.transit.p99_ms:.3f} ms, "
                 f"cpu {results[-1].cpu_us_per_token:.1f} us/token")  # fmt: skip
             time.sleep(_SETTLE_S)
     return results
+
+
+def _memory(
+    options: BenchOptions, started: _Started, log: Callable[[str], None]
+) -> dict[str, MemoryResult]:
+    """RSS per open stream of every target process, one target after another."""
+    out: dict[str, MemoryResult] = {}
+    for t in options.targets:
+        proc = started.procs.get(t.name)
+        if proc is None:
+            continue
+        res = measure_memory(started.urls[t.name], proc.pid, options.memory_streams)
+        if res.streams_open < options.memory_streams:
+            log(f"memory {t.name}: only {res.streams_open} of {options.memory_streams} opened")
+        out[t.name] = res
+        log(f"memory {t.name}: {res.kib_per_stream('target'):.1f} KiB per open stream "
+            f"({res.streams_open} streams, opened in {res.open_s:.1f} s)")  # fmt: skip
+        time.sleep(_SETTLE_S)
+    return out
 
 
 def run_bench(options: BenchOptions, log: Callable[[str], None] = print) -> BenchReport:
     """Run the whole benchmark; every child process is stopped before this returns or raises."""
     if options.rounds < 1 or options.streams < 1 or options.duration_s <= 0:
         raise ValueError("rounds and streams must be >= 1 and duration > 0")
+    if options.scenario not in SCENARIOS:
+        raise ValueError(f"unknown scenario {options.scenario!r} (one of {', '.join(SCENARIOS)})")
     started_s = time.monotonic()
-    with Children() as children:
-        started = _start(children, options)
-        log(f"backend and {len(options.targets)} targets up; verifying byte identity")
-        digests = _verify(options, started)
-        results = _measure(options, started, log)
-        for name, child in started.procs.items():
-            try:
-                child.check_alive()
-            except ChildError as exc:
-                raise BenchError(f"{name} died during the run: {exc}") from None
+    skipped = tuple((t.name, t.missing()) for t in options.targets if t.missing())
+    for name, why in skipped:
+        log(f"skipping {name}: {why}")
+    options = replace(options, targets=tuple(t for t in options.targets if not t.missing()))
+    if not options.targets:
+        raise BenchError("no target can run on this machine")
+    raise_open_files_limit()  # a thousand open streams are two thousand sockets in a proxy
+    memory: dict[str, MemoryResult] = {}
+    try:
+        with Children() as children:
+            started = _start(children, options)
+            log(f"{options.scenario}: {len(options.targets)} targets up")
+            if options.scenario == MAX_RATE:
+                digests = {t.name: UNCHECKED for t in options.targets}
+            else:
+                digests = _verify(options, started)
+                if options.memory_streams > 0:
+                    memory = _memory(options, started, log)
+            results = _measure(options, started, log)
+            for name, child in started.procs.items():
+                try:
+                    child.check_alive()
+                except ChildError as exc:
+                    raise BenchError(f"{name} died during the run: {exc}") from None
+    except PhaseError as exc:
+        raise BenchError(str(exc)) from None
     return BenchReport(
         options=options,
-        rows=aggregate(options, results, digests),
+        rows=aggregate(options, results, digests, memory),
         rounds=tuple(results),
         elapsed_s=time.monotonic() - started_s,
+        skipped=skipped,
+        memory=tuple(memory.items()),
     )

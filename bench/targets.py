@@ -7,7 +7,11 @@ forks it). ``direct`` is the backend itself: no process, no CPU column.
 
 Placeholders in a command: ``{python}`` (this interpreter), ``{upstream}`` (the
 backend's base URL), ``{listen}`` and ``{admin}`` (``127.0.0.1:PORT``),
-``{port}`` and ``{admin_port}`` (just the numbers).
+``{port}`` and ``{admin_port}`` (just the numbers), ``{workdir}`` (an empty
+folder of the target's own, removed when the run ends).
+
+A target may need a program (``requires``): when it is not on the machine the
+target is skipped with a note in the report, not an error (nginx).
 
 More targets are added by name here (e.g. tokenstamp with stall detection or
 tracing on or off: the same command with other flags or environment), or at
@@ -21,10 +25,14 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from bench.nginx import find_program
+
 DIRECT = "direct"
 """Name of the target that is the backend itself."""
 PASSTHROUGH = "passthrough"
 """Name of the bare pass-through target, the CPU baseline."""
+NGINX = "nginx"
+"""Name of the nginx target (skipped when nginx is not installed)."""
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,39}$")
 _ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
@@ -46,11 +54,19 @@ class TargetSpec:
     """Environment variables added to the inherited environment."""
     description: str = ""
     """One line for ``--help`` and the report."""
+    requires: str = ""
+    """A program the target needs (looked up on PATH and in the sbin folders); empty: none."""
 
     @property
     def is_direct(self) -> bool:
         """No process: the load goes straight to the backend."""
         return not self.argv
+
+    def missing(self) -> str:
+        """Why the target cannot run on this machine; empty when it can."""
+        if self.requires and find_program(self.requires) is None:
+            return f"{self.requires} not found on PATH or in /usr/sbin"
+        return ""
 
     def command(self, values: Mapping[str, str]) -> list[str]:
         """The command line with every placeholder filled in."""
@@ -60,36 +76,37 @@ class TargetSpec:
             raise TargetError(f"target {self.name}: bad placeholder in command: {exc}") from None
 
 
+_SERVE = (
+    "{python}", "-m", "proxy.cli", "serve", "--upstream", "{upstream}", "--listen", "{listen}",
+    "--admin", "{admin}", "--log-level", "warning",
+)  # fmt: skip
+_PASS = ("{python}", "-m", "bench.passthrough", "--upstream", "{upstream}", "--listen", "{listen}")
+_NGINX = ("{python}", "-m", "bench.nginx", "--upstream", "{upstream}", "--listen", "{listen}",
+          "--dir", "{workdir}")  # fmt: skip
+
 BUILTIN_TARGETS: tuple[TargetSpec, ...] = (
     TargetSpec(DIRECT, (), description="the backend itself, no proxy"),
-    TargetSpec(
-        PASSTHROUGH,
-        ("{python}", "-m", "bench.passthrough", "--upstream", "{upstream}", "--listen", "{listen}"),
-        description="bare aiohttp pass-through (readany/write, no observation)",
-    ),
-    TargetSpec(
-        "tokenstamp",
-        (
-            "{python}",
-            "-m",
-            "proxy.cli",
-            "serve",
-            "--upstream",
-            "{upstream}",
-            "--listen",
-            "{listen}",
-            "--admin",
-            "{admin}",
-            "--log-level",
-            "warning",
-        ),
-        description="tokenstamp serve with its defaults",
-    ),
-)
-"""Targets known by name."""
+    TargetSpec(NGINX, _NGINX, requires="nginx",
+               description="nginx, one process, proxy_buffering off, keep-alive upstream"),
+    TargetSpec(PASSTHROUGH, _PASS,
+               description="bare aiohttp pass-through (readany/write, no observation)"),
+    TargetSpec("passthrough-uvloop", (*_PASS, "--loop", "uvloop"),
+               description="the same pass-through on uvloop"),
+    TargetSpec("tokenstamp", _SERVE, description="tokenstamp serve with its defaults"),
+    TargetSpec("tokenstamp-asyncio", (*_SERVE, "--loop", "asyncio"),
+               description="tokenstamp serve on the default asyncio loop"),
+    TargetSpec("tokenstamp-uvloop", (*_SERVE, "--loop", "uvloop"),
+               description="tokenstamp serve on uvloop"),
+    TargetSpec("tokenstamp-nostall", (*_SERVE, "--stall-detection", "false"),
+               description="tokenstamp serve without stall detection"),
+)  # fmt: skip
+"""Targets known by name; a new variant is one more entry."""
 
-DEFAULT_TARGETS = (DIRECT, PASSTHROUGH, "tokenstamp")
-"""What ``tokenstamp bench`` runs without ``--targets``."""
+DEFAULT_TARGETS = (
+    DIRECT, NGINX, PASSTHROUGH, "passthrough-uvloop", "tokenstamp-asyncio", "tokenstamp-uvloop",
+    "tokenstamp-nostall",
+)  # fmt: skip
+"""What ``tokenstamp bench`` runs without ``--targets`` (nginx skipped when absent)."""
 
 
 def parse_define(text: str) -> TargetSpec:

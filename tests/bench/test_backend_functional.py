@@ -132,3 +132,71 @@ async def test_window_mode_counts_only_the_window_and_stops(aiohttp_server):
 
 def _fields(plan: LoadPlan) -> dict:
     return {f: getattr(plan, f) for f in plan.__dataclass_fields__}
+
+
+async def test_lockstep_writes_every_open_stream_in_the_same_step(aiohttp_server):
+    from bench.backend import BackendConfig as Config
+
+    server = await aiohttp_server(create_app(Config(rate_per_s=1.0, step_rate_per_s=50.0,
+                                                    created_unix_s=1)))  # fmt: skip
+    url = str(server.make_url("")).rstrip("/")
+    plan = LoadPlan(url=url, streams=3, max_tokens=6, requests=1, verify=True, steps=True)
+    started = time.monotonic()
+    res = await run_load(plan)
+    # 6 tokens at 50 steps/s, not at the per-stream rate of 1/s.
+    assert time.monotonic() - started < 3
+    assert res.errors == 0
+    assert res.tokens == 18
+    # Streams that joined together share one stamp per step: fewer steps than tokens.
+    assert 6 <= res.last.count < 18
+    assert res.last.max_ms == res.transit.max_ms
+    # The same bytes as the per-stream timer gives (stamps masked).
+    steady = await aiohttp_server(create_app(Config(rate_per_s=500.0, created_unix_s=1)))
+    plain = await run_load(
+        LoadPlan(**{**_fields(plan), "url": str(steady.make_url("")).rstrip("/")})
+    )
+    assert plain.body_sha256 == res.body_sha256
+
+
+async def test_lockstep_stamps_equal_within_a_step(aiohttp_client):
+    import asyncio
+
+    from bench.backend import BackendConfig as Config
+
+    client = await aiohttp_client(create_app(Config(step_rate_per_s=40.0)))
+    body = {"messages": [{"role": "user", "content": "x"}], "stream": True, "max_tokens": 4}
+    a, b = await asyncio.gather(*(client.post("/v1/chat/completions", json=body) for _ in range(2)))
+    raw_a, raw_b = await a.read(), await b.read()
+    stamps = [[int(json.loads(e.data)["bench_send_ns"]) for e in SseDecoder(1 << 20).feed(raw)
+               if b"bench_send_ns" in e.data.encode()] for raw in (raw_a, raw_b)]  # fmt: skip
+    assert len(stamps[0]) == len(stamps[1]) == 4
+    assert set(stamps[0]) & set(stamps[1])  # at least one step carried both streams
+
+
+async def test_a_request_can_slow_its_own_stream(aiohttp_client):
+    client = await aiohttp_client(create_app(BackendConfig(rate_per_s=1000.0)))
+    body = {"messages": [{"role": "user", "content": "x"}], "stream": True, "max_tokens": 3,
+            "bench_rate_per_s": 10}  # fmt: skip
+    started = time.monotonic()
+    slow = await (await client.post("/v1/chat/completions", json=body)).read()
+    assert time.monotonic() - started >= 0.29
+    fast = await (await client.post("/v1/chat/completions",
+                                    json={**body, "bench_rate_per_s": 0})).read()  # fmt: skip
+    assert mask_stamps(slow) == mask_stamps(fast)
+    bad = await client.post("/v1/chat/completions", json={**body, "bench_rate_per_s": "x"})
+    assert bad.status == 400
+
+
+def test_passthrough_runs_on_either_loop():
+    import asyncio
+
+    import uvloop
+
+    from bench.passthrough import new_loop
+
+    for name, kind in (("asyncio", asyncio.AbstractEventLoop), ("uvloop", uvloop.Loop)):
+        loop = new_loop(name)
+        try:
+            assert isinstance(loop, kind)
+        finally:
+            loop.close()

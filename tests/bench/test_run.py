@@ -79,3 +79,126 @@ def test_loadgen_args_spell_flags():
     args = loadgen_args(url="http://x", max_tokens=5, verify=True, cpu_pid=["a=1", "b=2"])
     assert args == ["--url", "http://x", "--max-tokens", "5", "--verify",
                     "--cpu-pid", "a=1", "--cpu-pid", "b=2"]  # fmt: skip
+
+
+def _lockstep_load(tokens, p50, p99, last_p50, last_p99, cpu_s):
+    base = _load(tokens, p50, p99, cpu_s)
+    from dataclasses import replace
+
+    return replace(base, last=Summary(tokens // 4, last_p50, last_p50, last_p99, last_p99))
+
+
+def test_lockstep_rows_carry_the_last_of_each_step_and_its_extra():
+    opts = BenchOptions(targets=TARGETS, rounds=1, scenario="lockstep", streams=256)
+    results = [
+        RoundResult("direct", 0, _lockstep_load(1000, 1.0, 3.0, 2.0, 4.0, None)),
+        RoundResult("passthrough", 0, _lockstep_load(1000, 2.0, 6.0, 4.0, 9.0, 0.05)),
+        RoundResult("tokenstamp", 0, _lockstep_load(1000, 2.5, 7.0, 5.0, 12.0, 0.06)),
+    ]
+    rows = {
+        r.name: r
+        for r in aggregate(
+            opts, results, dict.fromkeys(("direct", "passthrough", "tokenstamp"), "aa")
+        )
+    }
+    assert rows["tokenstamp"].last.p99_ms == 12.0
+    assert rows["tokenstamp"].extra_last_p50_ms == pytest.approx(3.0)
+    assert rows["tokenstamp"].extra_last_p99_ms == pytest.approx(8.0)
+    assert math.isnan(rows["direct"].extra_last_p99_ms)
+    report = BenchReport(opts, tuple(rows.values()), tuple(results), elapsed_s=3.0)
+    table = markdown(report)
+    assert table.startswith("lockstep: 256 streams, 25 steps/s")
+    assert "| last of step p50 / p99 (ms) | extra last vs direct p50 / p99 (ms) |" in table
+    assert (
+        "| tokenstamp | 1,000 | 2.50 / 7.00 | +1.50 / +4.00 | 5.00 / 12.00 | +3.00 / +8.00 | 60.0 | 1.20x |"
+        in table
+    )
+
+
+def test_max_rate_rows_are_tokens_per_second_and_cores_with_the_bound():
+    from dataclasses import replace
+
+    from bench.report import bound
+
+    opts = BenchOptions(targets=TARGETS, rounds=2, scenario="max-rate", streams=128)
+
+    def mr(tokens, window, target_cpu, load_cpu):
+        return replace(
+            _load(tokens, math.nan, math.nan, target_cpu),
+            window_s=window,
+            loadgen_cpu_s=load_cpu,
+            transit=EMPTY,
+        )
+
+    results = [
+        RoundResult("direct", 0, mr(40_000, 1.0, None, 0.99)),
+        RoundResult("direct", 1, mr(42_000, 1.0, None, 0.98)),
+        RoundResult("passthrough", 0, mr(10_000, 1.0, 0.98, 0.40)),
+        RoundResult("passthrough", 1, mr(12_000, 1.0, 0.97, 0.45)),
+        RoundResult("tokenstamp", 0, mr(8_000, 2.0, 1.5, 0.5)),
+        RoundResult("tokenstamp", 1, mr(9_000, 2.0, 1.4, 0.5)),
+    ]
+    digests = dict.fromkeys(("direct", "passthrough", "tokenstamp"), "-")
+    rows = {r.name: r for r in aggregate(opts, results, digests)}
+    assert rows["direct"].tokens_per_s == 41_000
+    assert rows["passthrough"].tokens_per_s == 11_000
+    assert rows["passthrough"].target_cpu_cores == pytest.approx(0.975)
+    assert rows["tokenstamp"].tokens_per_s == 4_250
+    assert rows["tokenstamp"].target_cpu_cores == pytest.approx(0.725)
+    assert bound(rows["direct"]) == "load"
+    assert bound(rows["passthrough"]) == "target"
+    assert bound(rows["tokenstamp"]) == "neither"
+    assert all(r.identical for r in rows.values())
+    table = markdown(BenchReport(opts, tuple(rows.values()), tuple(results), elapsed_s=9.0))
+    assert "| passthrough | 11,000 | 0.97 | 0.43 | 89.4 | 1.00x | target |" in table
+    assert "| direct | 41,000 | - | 0.98 | - | - | load |" in table
+    assert "Bodies not compared in max-rate" in table
+
+
+def test_memory_column_and_skipped_targets_are_reported():
+    from bench.memload import MemoryResult
+
+    opts = BenchOptions(targets=TARGETS, rounds=1, memory_streams=1000)
+    results = [RoundResult(n, 0, _load(100, 0.3, 1.0, None if n == "direct" else 0.01))
+               for n in ("direct", "passthrough", "tokenstamp")]  # fmt: skip
+    memory = {"passthrough": MemoryResult(1000, {"target": 30_000}, {"target": 57_700}, 1.2),
+              "tokenstamp": MemoryResult(990, {"target": 40_000}, {"target": 59_800}, 1.3)}  # fmt: skip
+    rows = aggregate(
+        opts, results, dict.fromkeys(("direct", "passthrough", "tokenstamp"), "a"), memory
+    )
+    by = {r.name: r for r in rows}
+    assert by["passthrough"].memory_kib_per_stream == pytest.approx(27.7)
+    assert by["tokenstamp"].memory_kib_per_stream == pytest.approx(20.0)
+    assert math.isnan(by["direct"].memory_kib_per_stream)
+    report = BenchReport(opts, rows, tuple(results), elapsed_s=1.0,
+                         skipped=(("nginx", "nginx not found on PATH or in /usr/sbin"),),
+                         memory=tuple(memory.items()))  # fmt: skip
+    table = markdown(report)
+    assert "| KiB per open stream (1,000) |" in table
+    assert "| passthrough | 100 | 0.30 / 1.00 | +0.00 / +0.00 | 100.0 | 1.00x | 27.7 |" in table
+    assert "Skipped nginx: nginx not found on PATH or in /usr/sbin." in table
+    assert "Memory of tokenstamp: only 990 streams opened." in table
+    data = to_json(report)
+    json.dumps(data, allow_nan=False)
+    assert data["skipped"] == [
+        {"name": "nginx", "reason": "nginx not found on PATH or in /usr/sbin"}
+    ]
+    assert data["memory"][0]["target"] == "passthrough"
+
+
+def test_a_missing_program_skips_its_target_and_the_run_goes_on():
+    from bench.run import run_bench
+    from bench.targets import TargetSpec
+
+    ghost = TargetSpec(
+        "ghost", ("no-such-program-tokenstamp",), requires="no-such-program-tokenstamp"
+    )
+    opts = BenchOptions(targets=(TARGETS[0], ghost), streams=2, duration_s=0.5, rounds=1,
+                        max_tokens=10, warmup_s=0.2)  # fmt: skip
+    report = run_bench(opts, log=lambda line: None)
+    assert [r.name for r in report.rows] == ["direct"]
+    assert report.rows[0].tokens > 0
+    assert report.skipped == (
+        ("ghost", "no-such-program-tokenstamp not found on PATH or in /usr/sbin"),
+    )
+    assert "Skipped ghost:" in markdown(report)

@@ -9,9 +9,9 @@ from bench.targets import DEFAULT_TARGETS, TargetError, parse_define, select_tar
 
 def test_default_targets_resolve_in_order():
     targets = select_targets(",".join(DEFAULT_TARGETS))
-    assert [t.name for t in targets] == ["direct", "passthrough", "tokenstamp"]
+    assert [t.name for t in targets] == list(DEFAULT_TARGETS)
     assert targets[0].is_direct
-    cmd = targets[2].command({"python": "py", "upstream": "http://u", "listen": "127.0.0.1:1",
+    cmd = select_targets("tokenstamp")[0].command({"python": "py", "upstream": "http://u", "listen": "127.0.0.1:1",
                               "admin": "127.0.0.1:2", "port": "1", "admin_port": "2"})  # fmt: skip
     assert cmd[:4] == ["py", "-m", "proxy.cli", "serve"]
     assert "http://u" in cmd
@@ -57,3 +57,32 @@ def test_bad_placeholder_is_reported():
     t = parse_define("x={python} {nope}")
     with pytest.raises(TargetError, match="placeholder"):
         t.command({"python": "py"})
+
+
+def test_builtin_variants_are_entries_of_one_command():
+    from bench.targets import BUILTIN_TARGETS
+
+    known = {t.name: t for t in BUILTIN_TARGETS}
+    assert DEFAULT_TARGETS == ("direct", "nginx", "passthrough", "passthrough-uvloop",
+                               "tokenstamp-asyncio", "tokenstamp-uvloop", "tokenstamp-nostall")  # fmt: skip
+    base = known["tokenstamp"].argv
+    assert known["tokenstamp-asyncio"].argv == (*base, "--loop", "asyncio")
+    assert known["tokenstamp-uvloop"].argv == (*base, "--loop", "uvloop")
+    assert known["tokenstamp-nostall"].argv == (*base, "--stall-detection", "false")
+    assert known["passthrough-uvloop"].argv == (*known["passthrough"].argv, "--loop", "uvloop")
+    assert known["nginx"].requires == "nginx"
+    values = {"python": "py", "upstream": "http://u:1", "listen": "127.0.0.1:2", "workdir": "/w"}
+    assert known["nginx"].command(values) == [
+        "py", "-m", "bench.nginx", "--upstream", "http://u:1", "--listen", "127.0.0.1:2",
+        "--dir", "/w",
+    ]  # fmt: skip
+
+
+def test_a_target_needing_a_missing_program_says_so():
+    from bench.targets import TargetSpec
+
+    assert TargetSpec("x", ("x",), requires="no-such-program-tokenstamp").missing() == (
+        "no-such-program-tokenstamp not found on PATH or in /usr/sbin"
+    )
+    assert TargetSpec("y", ("sh",), requires="sh").missing() == ""
+    assert TargetSpec("z", ("sh",)).missing() == ""
