@@ -181,7 +181,10 @@ class BackendView:
             active.move_to_end(request_id)
             if end_ns <= start_ns:
                 return  # two events of one read: not a gap anyone could see
-            verdict = self._detector.observe(request_id, end_ns - start_ns)
+            gap_ns = end_ns - start_ns
+            if self._detector.learn_quiet(request_id, gap_ns):
+                return  # under the floor: never a stall (the usual token)
+            verdict = self._detector.observe(request_id, gap_ns)
             if verdict.baseline_ns is None or verdict.stall:
                 pending = _Pending(request_id, start_ns, end_ns)
                 if verdict.threshold_ns is not None:

@@ -17,7 +17,6 @@ integers; per backend ``backend_window``.
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, insort
 from collections import deque
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -95,7 +94,12 @@ class StallSettings:
 
 
 class MedianWindow:
-    """The last ``size`` values and their lower median."""
+    """The last ``size`` values and their order statistics.
+
+    Adding is O(1) (a bounded deque); the sorted copy is made only when an order
+    statistic is asked for, and kept until the next add. The detector asks only
+    for gaps that could be stalls, so per token the window costs one append.
+    """
 
     __slots__ = ("_order", "_sorted", "size")
 
@@ -105,16 +109,13 @@ class MedianWindow:
             raise ValueError(f"MedianWindow: size must be >= 1, got {size}")
         self.size = size
         """Most values kept; the oldest leaves when a new one comes."""
-        self._order: deque[int] = deque()
-        self._sorted: list[int] = []
+        self._order: deque[int] = deque(maxlen=size)
+        self._sorted: list[int] | None = []
 
     def add(self, value: int) -> None:
         """Add ``value``, dropping the oldest when full."""
-        if len(self._order) == self.size:
-            old = self._order.popleft()
-            del self._sorted[bisect_left(self._sorted, old)]
         self._order.append(value)
-        insort(self._sorted, value)
+        self._sorted = None
 
     def median(self) -> int | None:
         """The lower median (robust to up to half the window being stalls); None when empty."""
@@ -123,6 +124,8 @@ class MedianWindow:
     def quantile(self, q: float) -> int | None:
         """The order statistic at ``floor(q x (n - 1))``; None when empty."""
         values = self._sorted
+        if values is None:
+            values = self._sorted = sorted(self._order)
         return values[int(q * (len(values) - 1))] if values else None
 
     def __len__(self) -> int:
@@ -213,9 +216,8 @@ class StallDetector:
         if own is None:
             own = self._streams[stream_id] = _Stream(self._settings.stream_window)
         window = own.window
-        n = len(window._sorted)
-        if n >= self._stream_min:
-            baseline: int | None = window._sorted[int(self._q * (n - 1))]
+        if len(window) >= self._stream_min:
+            baseline = window.quantile(self._q)
         else:
             baseline = self.backend_baseline_ns()
         if baseline is None:
@@ -228,14 +230,37 @@ class StallDetector:
             if after and own.run >= after:
                 window.add(gap_ns)
         else:
-            own.run = 0
-            window.add(gap_ns)
-            # The backend's pace needs a sample, not every gap of every stream:
-            # one in four keeps it as recent at a quarter of the cost.
-            self._backend_tick += 1
-            if self._backend_tick & 3 == 0 or len(self._backend) < self._settings.backend_min_gaps:
-                self._backend.add(gap_ns)
+            self._learn(own, gap_ns)
         return Verdict(gap_ns, baseline, threshold)
+
+    def learn_quiet(self, stream_id: str, gap_ns: int) -> bool:
+        """Learn a gap at or under the floor without judging it, when there is a baseline.
+
+        Such a gap is never a stall (the threshold is at least the floor), so
+        ``observe`` would find it quiet and learn it exactly so; this skips
+        computing the baseline, which is the cost of ``observe``. ``False``
+        (nothing done) for a larger gap or before any baseline: call ``observe``.
+        """
+        if gap_ns > self._floor_ns:
+            return False
+        own = self._streams.get(stream_id)
+        if own is None or len(own.window) < self._stream_min:
+            if len(self._backend) < self._settings.backend_min_gaps:
+                return False
+            if own is None:
+                own = self._streams[stream_id] = _Stream(self._settings.stream_window)
+        self._learn(own, gap_ns)
+        return True
+
+    def _learn(self, own: _Stream, gap_ns: int) -> None:
+        """A judged quiet gap joins the stream's window and, sampled, the backend's."""
+        own.run = 0
+        own.window.add(gap_ns)
+        # The backend's pace needs a sample, not every gap of every stream:
+        # one in four keeps it as recent at a quarter of the cost.
+        self._backend_tick += 1
+        if self._backend_tick & 3 == 0 or len(self._backend) < self._settings.backend_min_gaps:
+            self._backend.add(gap_ns)
 
     def judge_late(self, gap_ns: int) -> Verdict:
         """Judge a gap kept from before any baseline existed, against the backend's."""
