@@ -444,10 +444,10 @@ async def _forward_observed(
         # A response not read to its end must not go back to the pool: close it,
         # which also tells the backend to stop generating.
         if conn is not None:
-            conn.detach()
             if clean:
                 _release(state, conn)
             else:
+                conn.detach()
                 conn.close()
 
 
@@ -458,6 +458,7 @@ def _client_left(resp: web.StreamResponse) -> RelayResult:
 
 
 def _release(state: ProxyState, conn: UpstreamConnection) -> None:
+    conn.detach()
     if state.pool is not None:
         state.pool.release(conn)
     else:
