@@ -303,6 +303,11 @@ async def start_proxy(
 
 async def serve_forever(config: ProxyConfig) -> int:
     """Run until SIGTERM or SIGINT, drain, return the exit status."""
+    # Before the listeners open: once /readyz answers, a SIGTERM must drain, not kill.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
     proxy = await start_proxy(config)
     log.info(
         "tokenstamp proxying %s -> %s (metrics on %s/metrics)",
@@ -321,10 +326,6 @@ async def serve_forever(config: ProxyConfig) -> int:
     # longer walks them, and no longer pauses every stream for ~15 ms to do it.
     gc.collect()
     gc.freeze()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("draining: up to %g s for %d open requests", config.drain_timeout_s,
              proxy.state.in_flight)  # fmt: skip

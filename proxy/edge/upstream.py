@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
+import socket
 import ssl
 import time
 from collections import deque
@@ -29,6 +31,8 @@ from urllib.parse import urlsplit
 
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
+
+log = logging.getLogger("tokenstamp.proxy")
 
 IDLE_S = 15.0
 """A pooled connection unused this long is closed instead of reused (aiohttp's default)."""
@@ -378,11 +382,12 @@ class UpstreamPool:
         except TimeoutError:
             raise
         except OSError as exc:
-            import socket
-
             if isinstance(exc, socket.gaierror):
                 raise NameNotResolved(f"cannot resolve {self.host}: {exc}") from exc
             raise ConnectFailed(f"cannot connect to {self.host}:{self.port}: {exc}") from exc
+        log.debug(
+            "new upstream connection to %s:%d (%d idle)", self.host, self.port, len(self._idle)
+        )
         return proto
 
     def release(self, conn: UpstreamConnection) -> None:

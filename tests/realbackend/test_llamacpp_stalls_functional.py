@@ -68,7 +68,10 @@ def _check_agreement(proxy: RecordedProxy, run: StutterRun) -> None:
     assert agree.p99(agree.event_lags_s) <= bound, agree.table()
     assert agree.p99(agree.gap_diffs_s) <= bound, agree.table()
     # TTFT = the first token's event lag (checked above) + the time before t0.
-    assert min(agree.ingest_s) >= 0, "the proxy cannot read a request before it was sent"
+    # The client stamps "sent" after its write returns: descheduled in between, its
+    # stamp is late by the wait, so only a quiet machine holds it to causality exactly.
+    floor = 0.0 if run.contention.quiet else -bound
+    assert min(agree.ingest_s) >= floor, "the proxy cannot read a request before it was sent"
     ingest_bound = INGEST_TOLERANCE_S if run.contention.quiet else LOOSE_TOLERANCE_S
     assert agree.p99(agree.ingest_s) <= ingest_bound, agree.table()
 
