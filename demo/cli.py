@@ -33,12 +33,12 @@ from prometheus_client import CollectorRegistry
 
 from demo.advice import fetch_advice, fit_traffic, render_advice
 from demo.pictures import pictures_report, replay_snapshot, write_run_pictures
+from demo.recording import RecordingSink
 from demo.report import render
 from demo.scenarios import SingleMeasurement, StutterMeasurement, run_single, run_stutter
 from demo.techniques import main as techniques_main
-from exporters.prometheus import PrometheusSink
 from proxy.config import HostPort, ProxyConfig
-from proxy.core.records import Backend, PrefillRecord, RequestRecord, StallCause, StallRecord
+from proxy.core.records import Backend, PrefillRecord, StallCause
 from proxy.edge.server import RunningProxy, start_proxy
 from proxy.timeline.tokenlog import TokenLog
 from simulator.cost import (
@@ -63,34 +63,12 @@ CHUNK = 512
 DEFAULT_OUT = Path("tokenstamp-demo")
 
 
-class _RecordingSink(PrometheusSink):
-    """The Prometheus sink, also keeping every record for the demo."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        super().__init__(registry)
-        self.records: dict[str, RequestRecord] = {}
-        self.stalls: list[StallRecord] = []
-        self.prefills: list[PrefillRecord] = []
-
-    def request_finished(self, record: RequestRecord) -> None:
-        super().request_finished(record)
-        self.records[record.request_id] = record
-
-    def stall(self, record: StallRecord) -> None:
-        super().stall(record)
-        self.stalls.append(record)
-
-    def prefill_done(self, record: PrefillRecord) -> None:
-        super().prefill_done(record)
-        self.prefills.append(record)
-
-
 @dataclass(slots=True)
 class _Stack:
     sim: asyncio.subprocess.Process
     sim_url: str
     proxy: RunningProxy
-    sink: _RecordingSink
+    sink: RecordingSink
     log: TokenLog
 
     async def close(self) -> None:
@@ -139,7 +117,7 @@ async def _start_simulator(chunk_size: int | None) -> tuple[asyncio.subprocess.P
 async def _start(chunk_size: int | None, *, timeline: bool = False) -> _Stack:
     sim, sim_url = await _start_simulator(chunk_size)
     registry = CollectorRegistry()
-    sink = _RecordingSink(registry)
+    sink = RecordingSink(registry)
     log = TokenLog(capacity=4096)
     cfg = ProxyConfig(
         upstream=sim_url,
@@ -245,7 +223,7 @@ async def _engine_view(sim_url: str, long_id: str) -> ObservedStutter:
     return observe_stutter(records_from_jsonl(text), long_id)
 
 
-def _detected(sink: _RecordingSink, m: StutterMeasurement) -> dict[str, Any]:
+def _detected(sink: RecordingSink, m: StutterMeasurement) -> dict[str, Any]:
     """What the stall view reported: the culprits and the stalls, by cause."""
     culprits = [
         {
@@ -271,7 +249,7 @@ def _detected(sink: _RecordingSink, m: StutterMeasurement) -> dict[str, Any]:
     }
 
 
-def _prompt_tokens(sink: _RecordingSink, p: PrefillRecord) -> int | None:
+def _prompt_tokens(sink: RecordingSink, p: PrefillRecord) -> int | None:
     rec = sink.records.get(p.request_id)
     if rec is not None and rec.prompt_tokens is not None:
         return rec.prompt_tokens

@@ -41,11 +41,11 @@ from prometheus_client import CollectorRegistry
 
 from demo.claims import judge, render_techniques
 from demo.pictures import replay_snapshot, write_run_pictures
+from demo.recording import RecordingSink
 from demo.scenarios import chat_body
 from demo.truth import engine_view, free_port, percentile, start_simulator, write_profile
-from exporters.prometheus import PrometheusSink
 from proxy.config import HostPort, ProxyConfig
-from proxy.core.records import Backend, PrefillRecord, RequestRecord, StallCause, StallRecord
+from proxy.core.records import Backend, RequestRecord, StallCause
 from proxy.edge.server import start_proxy
 from proxy.timeline.tokenlog import Timeline, TokenLog
 from simulator.profile import Profile, load_profile
@@ -129,28 +129,6 @@ def long_body(index: int) -> dict[str, object]:
         "stream": True,
         "max_tokens": LONG_TOKENS,
     }
-
-
-class _Recorder(PrometheusSink):
-    """The Prometheus sink, also keeping every record of the run."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        super().__init__(registry)
-        self.records: dict[str, RequestRecord] = {}
-        self.stalls: list[StallRecord] = []
-        self.prefills: list[PrefillRecord] = []
-
-    def request_finished(self, record: RequestRecord) -> None:
-        super().request_finished(record)
-        self.records[record.request_id] = record
-
-    def stall(self, record: StallRecord) -> None:
-        super().stall(record)
-        self.stalls.append(record)
-
-    def prefill_done(self, record: PrefillRecord) -> None:
-        super().prefill_done(record)
-        self.prefills.append(record)
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,7 +215,7 @@ def _tokens_per_event(records: list[RequestRecord]) -> float:
 
 
 def measure(
-    name: str, sink: _Recorder, log: TokenLog, window: Window
+    name: str, sink: RecordingSink, log: TokenLog, window: Window
 ) -> dict[str, float | int | None]:
     """The row's figures, from the proxy's records and token timelines of one run."""
     streams = [sink.records[rid] for rid in stream_ids(name) if rid in sink.records]
@@ -298,7 +276,7 @@ async def run_one(run: Technique, show: Progress, out: Path | None, tmp: Path) -
     profile_path = write_profile(_profile(run), tmp / f"{run.name}.json")
     sim = await start_simulator(profile_path, run.prefix_cache)
     registry = CollectorRegistry()
-    sink = _Recorder(registry)
+    sink = RecordingSink(registry)
     log = TokenLog(capacity=4096)
     config = ProxyConfig(
         upstream=sim.url,

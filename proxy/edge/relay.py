@@ -187,19 +187,39 @@ class BodyRelay:
         return not self._finished and not self._conn.paused
 
 
-class SseRelay(BodyRelay):
+class TimedRelay(BodyRelay):
+    """A relay that also times the body's events for ``timer``; subclasses decode ``fmt``."""
+
+    __slots__ = ("_backend", "_fmt", "_interpret", "_sink", "_state", "_timer")
+
+    def __init__(
+        self,
+        conn: UpstreamConnection,
+        client: asyncio.Transport,
+        timer: StreamTimer,
+        state: ProxyState,
+        fmt: Format,
+        *,
+        chunked: bool,
+        capture: bytearray | None = None,
+    ) -> None:
+        super().__init__(conn, client, chunked=chunked, capture=capture)
+        self._timer = timer
+        self._state = state
+        self._sink = state.sink
+        self._backend = state.backend
+        self._fmt = fmt
+        self._interpret = fmt.interpret
+        self._start()
+
+    def _start(self) -> None:
+        """Set up the decoding state (the constructor's last step)."""
+
+
+class SseRelay(TimedRelay):
     """Relays an event stream while timing every output event of ``fmt``."""
 
-    __slots__ = (
-        "_backend",
-        "_cutter",
-        "_decoder",
-        "_interpret",
-        "_oversized",
-        "_sink",
-        "_state",
-        "_timer",
-    )
+    __slots__ = ("_cutter", "_decoder", "_oversized")
 
     def __init__(
         self,
@@ -213,14 +233,11 @@ class SseRelay(BodyRelay):
         strip_usage: bool,
         capture: bytearray | None = None,
     ) -> None:
-        super().__init__(conn, client, chunked=chunked, capture=capture)
-        self._timer = timer
-        self._state = state
-        self._sink = state.sink
-        self._backend = state.backend
-        self._interpret = fmt.interpret
-        self._decoder = SseDecoder(state.config.max_event_bytes)
+        super().__init__(conn, client, timer, state, fmt, chunked=chunked, capture=capture)
         self._cutter = EventCutter() if strip_usage else None
+
+    def _start(self) -> None:
+        self._decoder = SseDecoder(self._state.config.max_event_bytes)
         self._oversized = 0
 
     def body(self, data: bytes, read_ns: int) -> None:
@@ -279,34 +296,18 @@ class SseRelay(BodyRelay):
             self.write(self._cutter.flush())
 
 
-class NdjsonRelay(BodyRelay):
+class NdjsonRelay(TimedRelay):
     """Relays a newline-delimited JSON stream while timing every output event."""
 
-    __slots__ = ("_decoder", "_interpret", "_last_ns", "_oversized", "_state", "_timer")
+    __slots__ = ("_decoder", "_oversized")
 
-    def __init__(
-        self,
-        conn: UpstreamConnection,
-        client: asyncio.Transport,
-        timer: StreamTimer,
-        state: ProxyState,
-        fmt: Format,
-        *,
-        chunked: bool,
-        capture: bytearray | None = None,
-    ) -> None:
-        super().__init__(conn, client, chunked=chunked, capture=capture)
-        self._timer = timer
-        self._state = state
-        self._interpret = fmt.interpret
-        self._decoder = NdjsonDecoder(state.config.max_event_bytes)
+    def _start(self) -> None:
+        self._decoder = NdjsonDecoder(self._state.config.max_event_bytes)
         self._oversized = 0
-        self._last_ns = 0
 
     def body(self, data: bytes, read_ns: int) -> None:
         """Write first, then time the complete lines."""
         self.write(data)
-        self._last_ns = read_ns
         self._observe(self._decoder.feed(data), read_ns)
 
     def finish(self) -> None:
@@ -333,31 +334,17 @@ class NdjsonRelay(BodyRelay):
             self._oversized = decoder.errors
 
 
-class JsonRelay(BodyRelay):
+class JsonRelay(TimedRelay):
     """Relays a non-streaming body unchanged; reads usage from it at the end.
 
     A copy of at most ``max_event_bytes`` is kept for parsing; a larger body
     is relayed all the same and counted as undecodable.
     """
 
-    __slots__ = ("_copy", "_fmt", "_limit", "_state", "_timer", "_too_big")
+    __slots__ = ("_copy", "_limit", "_too_big")
 
-    def __init__(
-        self,
-        conn: UpstreamConnection,
-        client: asyncio.Transport,
-        timer: StreamTimer,
-        state: ProxyState,
-        fmt: Format,
-        *,
-        chunked: bool,
-        capture: bytearray | None = None,
-    ) -> None:
-        super().__init__(conn, client, chunked=chunked, capture=capture)
-        self._timer = timer
-        self._state = state
-        self._fmt = fmt
-        self._limit = state.config.max_event_bytes
+    def _start(self) -> None:
+        self._limit = self._state.config.max_event_bytes
         self._copy = bytearray()
         self._too_big = False
 
