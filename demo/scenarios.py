@@ -142,9 +142,10 @@ def chat_body(prompt_tokens: int, max_tokens: int) -> dict[str, object]:
     }
 
 
-async def _stream(
+async def stream(
     session: aiohttp.ClientSession, url: str, body: dict[str, object], request_id: str
 ) -> int:
+    """POST one streamed chat completion through ``url`` and read it to its end; its bytes."""
     async with session.post(
         url + "/v1/chat/completions", json=body, headers={"X-Request-Id": request_id}
     ) as r:
@@ -161,7 +162,7 @@ async def _streams(url: str, ids: list[str], body: dict[str, object]) -> None:
     async with aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=120)
     ) as session:
-        await asyncio.gather(*(_stream(session, url, body, rid) for rid in ids))
+        await asyncio.gather(*(stream(session, url, body, rid) for rid in ids))
 
 
 async def _spawn_streams(
@@ -216,7 +217,7 @@ async def run_stutter(
         meter = _WaitMeter(os.getpid(), backend_pid, child.pid)
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
             meter.start()
-            await _stream(session, proxy_url, chat_body(prompt_tokens, 4), long_id)
+            await stream(session, proxy_url, chat_body(prompt_tokens, 4), long_id)
             cpu_wait = meter.stop()
         progress(f"{label}: long prompt answered; finishing the streams")
         if await child.wait() != 0:
@@ -269,7 +270,7 @@ async def run_single(
     rid = "single-request"
     progress(f"single: one request, {prompt_tokens:,}-token prompt, {output_tokens} tokens out")
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
-        await _stream(session, proxy_url, chat_body(prompt_tokens, output_tokens), rid)
+        await stream(session, proxy_url, chat_body(prompt_tokens, output_tokens), rid)
     tl = log.timelines[rid]
     assert tl.first_token_ns is not None
     assert tl.end_ns is not None

@@ -42,7 +42,7 @@ from prometheus_client import CollectorRegistry
 from demo.claims import judge, render_techniques
 from demo.pictures import replay_snapshot, write_run_pictures
 from demo.recording import RecordingSink
-from demo.scenarios import chat_body
+from demo.scenarios import chat_body, stream
 from demo.truth import engine_view, free_port, percentile, start_simulator, write_profile
 from proxy.config import HostPort, ProxyConfig
 from proxy.core.records import Backend, RequestRecord, StallCause
@@ -143,18 +143,6 @@ class Window:
     """The last long prompt's stream ended."""
 
 
-async def _stream(
-    session: aiohttp.ClientSession, url: str, body: dict[str, object], request_id: str
-) -> None:
-    async with session.post(
-        url + "/v1/chat/completions", json=body, headers={"X-Request-Id": request_id}
-    ) as r:
-        if r.status != 200:
-            raise RuntimeError(f"{request_id}: HTTP {r.status}: {(await r.text())[:200]}")
-        async for _ in r.content.iter_any():
-            pass
-
-
 async def _wait(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
@@ -183,7 +171,7 @@ async def _load(url: str, log: TokenLog, run: Technique, show: Progress) -> Wind
 
             async def send(i: int) -> None:
                 await asyncio.sleep(STEADY_S + i * LONG_SPACING_S)
-                await _stream(session, url, long_body(i), long_id(run.name, i))
+                await stream(session, url, long_body(i), long_id(run.name, i))
 
             await asyncio.gather(*(send(i) for i in range(LONG_COUNT)))
         show(f"{run.name}: prompts answered; finishing the streams")
