@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from proxy.core.records import (
     Backend,
+    GapRecorder,
     PrefillRecord,
     RequestLabels,
     RequestRecord,
@@ -68,6 +69,15 @@ class ErrorLog:
             exc_info=exc,
         )
         return True
+
+
+def _via_gap(sink: Sink, labels: RequestLabels, request_id: str) -> GapRecorder:
+    """A recorder for a sink without one of its own: its ``gap`` with the request's labels."""
+
+    def record(gap_s: float) -> None:
+        sink.gap(labels, gap_s, request_id)
+
+    return record
 
 
 class FanoutSink:
@@ -125,6 +135,38 @@ class FanoutSink:
                     sink.gap(labels, gap_s, request_id)
             except Exception as exc:
                 self._failed(sink, "gap", exc)
+
+    def gap_recorder(self, labels: RequestLabels, request_id: str) -> GapRecorder:
+        """One request's gaps to every gap-taking sink: a sink's own recorder when it has one.
+
+        With a single gap-taking sink whose recorder exists, that recorder is
+        returned as it is (it never raises: ``Sink.gap_recorder``), so a token
+        costs one call. Otherwise each sink is called in turn, failures counted
+        as for ``gap``.
+        """
+        recorders: list[tuple[Sink, GapRecorder]] = []
+        own = 0  # recorders the sinks made themselves
+        for sink in self._gap_sinks:
+            recorder = _via_gap(sink, labels, request_id)
+            make = getattr(sink, "gap_recorder", None)
+            if make is not None:
+                try:
+                    recorder = make(labels, request_id)
+                    own += 1
+                except Exception as exc:
+                    self._failed(sink, "gap_recorder", exc)
+            recorders.append((sink, recorder))
+        if len(recorders) == 1 and own == 1:
+            return recorders[0][1]
+
+        def record(gap_s: float) -> None:
+            for sink, rec in recorders:
+                try:
+                    rec(gap_s)
+                except Exception as exc:
+                    self._failed(sink, "gap", exc)
+
+        return record
 
     def request_finished(self, record: RequestRecord) -> None:
         """Fan out ``request_finished``."""

@@ -25,6 +25,7 @@ from exporters.fast_histogram import FastHistogram, HistogramChild
 from proxy.core.backend_fit import BackendFitRecord
 from proxy.core.records import (
     Backend,
+    GapRecorder,
     PrefillRecord,
     RequestLabels,
     RequestRecord,
@@ -145,6 +146,10 @@ class PrometheusSink:
             self._for(labels).gap.observe(gap_s, {"trace_id": trace_id})
         else:
             self._for(labels).gap.observe(gap_s)
+
+    def gap_recorder(self, labels: RequestLabels, request_id: str) -> GapRecorder:
+        """The label set's gap histogram child, found once per request (``Sink.gap_recorder``)."""
+        return self._for(labels).gap.observe
 
     def request_finished(self, record: RequestRecord) -> None:
         """Everything observed once per request, at its end (TTFT came live; here by cache)."""

@@ -6,6 +6,7 @@ named ``*_unix_ns`` (wall clock, only for span start and end).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import NamedTuple, Protocol
@@ -293,6 +294,10 @@ class PrefillRecord:
         return (self.first_token_ns - self.forwarded_ns) / 1e9
 
 
+GapRecorder = Callable[[float], None]
+"""Records one gap of one request, in seconds (``Sink.gap_recorder``); never raises."""
+
+
 class Sink(Protocol):
     """Where the core reports. One call site per observation; exporters implement it.
 
@@ -300,6 +305,12 @@ class Sink(Protocol):
     more than they can help: the proxy wraps calls, but a slow sink slows tokens.
     A sink whose ``gap`` does nothing says so with a class attribute
     ``takes_gaps = False``: a fan-out then skips it on every token.
+
+    A sink may also offer ``gap_recorder(labels, request_id)``: a callable taking
+    one gap in seconds, made once per request, which the timer calls for every
+    gap that carries no exemplar instead of ``gap`` (no label lookup, no fan-out
+    per token). It must record exactly what ``gap`` would and must never raise
+    (see ``GapRecorder``).
     """
 
     def request_started(self, labels: RequestLabels) -> None:

@@ -11,10 +11,19 @@ share that stamp, so two output events that arrived in one read are a gap of 0
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from typing import Protocol
 
 from proxy.core.decoders.openai import ChunkInfo
-from proxy.core.records import BackendTimings, Outcome, RequestLabels, RequestRecord, Sink
+from proxy.core.records import (
+    BackendTimings,
+    GapRecorder,
+    Outcome,
+    RequestLabels,
+    RequestRecord,
+    Sink,
+)
 
 
 class StreamWatcher(Protocol):
@@ -33,10 +42,27 @@ class StreamWatcher(Protocol):
         """The stream ended."""
 
 
+log = logging.getLogger("tokenstamp.proxy")
+
+
+def _gap_targets(watcher: StreamWatcher | None) -> tuple[Callable[[str, int, int], None], ...]:
+    """Each watcher's ``gap``, called by the timer itself (a fan-out's watchers unpacked)."""
+    if watcher is None:
+        return ()
+    inner: tuple[StreamWatcher, ...] = getattr(watcher, "watchers", (watcher,))
+    return tuple(w.gap for w in inner)
+
+
 class StreamTimer:
-    """Timing state of one request. Not thread-safe; one owner."""
+    """Timing state of one request. Not thread-safe; one owner.
+
+    Per token the timer calls the sink's gap recorder (when it has one) and each
+    watcher's ``gap`` directly: both are looked up once, at the request's start.
+    """
 
     __slots__ = (
+        "_gap_targets",
+        "_record_gap",
         "_sink",
         "_watcher",
         "arrival_ns",
@@ -82,6 +108,7 @@ class StreamTimer:
         self.request_model = request_model
         self._sink = sink
         self._watcher = watcher
+        self._gap_targets = _gap_targets(watcher)
         self.forwarded_ns: int | None = None
         self.first_token_ns: int | None = None
         self.last_token_ns: int | None = None
@@ -102,6 +129,13 @@ class StreamTimer:
         self.trace_id = ""
         """The sampled span's trace id (set by the tracing adapter): exemplars carry it."""
         sink.request_started(labels)
+        self._record_gap: GapRecorder | None = None
+        make = getattr(sink, "gap_recorder", None)
+        if make is not None:
+            try:
+                self._record_gap = make(labels, request_id)
+            except Exception:  # telemetry never breaks traffic: ``sink.gap`` it is
+                log.exception("sink: gap_recorder failed")
 
     def forwarded(self, now_ns: int) -> None:
         """The request (its last byte) went upstream."""
@@ -128,10 +162,12 @@ class StreamTimer:
                 self._sink.gap(self.labels, gap_ns / 1e9, self.request_id, self.trace_id)
             else:
                 self._sink.gap(self.labels, gap_ns / 1e9, self.request_id)
+        elif self._record_gap is not None:
+            self._record_gap(gap_ns / 1e9)
         else:
             self._sink.gap(self.labels, gap_ns / 1e9, self.request_id)
-        if self._watcher is not None:
-            self._watcher.gap(self.request_id, last, now_ns)
+        for target in self._gap_targets:
+            target(self.request_id, last, now_ns)
 
     def _first_token(self, now_ns: int) -> None:
         """Report the live TTFT (once per request: only the first output event calls this)."""

@@ -73,15 +73,15 @@ def test_every_sink_gets_every_observation_despite_a_broken_one(caplog):
     assert _gap_count(reader.get_metrics_data()) == 2
     ttft = "gen_ai_server_time_to_first_token_seconds_sum"
     assert registry.get_sample_value(ttft, PROM_LABELS) == pytest.approx(0.010)
-    # request_started, first_token, gap x2, request_finished, decoder_error, unobserved:
-    # 7 failures, 1 line
-    assert errors.failures == 7
+    # request_started, gap_recorder, first_token, gap x2, request_finished, decoder_error,
+    # unobserved: 8 failures, 1 line
+    assert errors.failures == 8
     (line,) = [r for r in caplog.records if r.name == "tokenstamp.telemetry"]
     assert "Broken.request_started raised RuntimeError" in line.getMessage()
     now[0] += 61.0
     with caplog.at_level(logging.WARNING, logger="tokenstamp.telemetry"):
         fan.request_started(LABELS)
-    assert "(7 since the last line, 8 in total)" in caplog.records[-1].getMessage()
+    assert "(8 since the last line, 9 in total)" in caplog.records[-1].getMessage()
 
 
 def test_a_sampled_streams_worst_gaps_carry_exemplars():
@@ -133,3 +133,32 @@ def test_a_sink_that_takes_no_gaps_is_skipped_per_token_only():
     fan.decoder_error(labels.backend, "invalid_json")
     assert quiet.calls == ["decoder_error"]
     assert loud.calls == ["gap", "decoder_error"]
+
+
+def test_gaps_without_exemplar_take_the_recorders_and_reach_every_sink():
+    """Gaps under the stream's worst so far go through ``gap_recorder``: same counts, same sums."""
+    registry = CollectorRegistry()
+    reader = InMemoryMetricReader()
+    prom = PrometheusSink(registry)
+    otel = OtelMetricsSink(MeterProvider(metric_readers=[reader]))
+    errors = ErrorLog(every_s=60.0)
+    fan = FanoutSink(prom, Broken(), otel, errors=errors)
+    timer = StreamTimer("r1", LABELS, arrival_ns=0, start_unix_ns=0, sink=fan)
+    # gaps 5 ms (the worst: through ``gap``), then 1 ms and 2 ms (through the recorders)
+    for ns in (10_000_000, 15_000_000, 16_000_000, 18_000_000):
+        timer.output(ns)
+    timer.finish(20_000_000, Outcome.OK, 200)
+    gaps = "gen_ai_client_operation_time_per_output_chunk_seconds"
+    assert registry.get_sample_value(gaps + "_count", PROM_LABELS) == 3
+    assert registry.get_sample_value(gaps + "_sum", PROM_LABELS) == pytest.approx(0.008)
+    assert _gap_count(reader.get_metrics_data()) == 3
+    # the broken sink failed on every gap, each counted: gap_recorder, gap, and 2 recorded
+    assert errors.failures >= 4
+
+
+def test_a_single_gap_sink_hands_its_own_recorder_to_the_timer():
+    """One gap-taking sink with a recorder: the timer calls it directly (no fan-out per token)."""
+    prom = PrometheusSink(CollectorRegistry())
+    fan = FanoutSink(prom)
+    recorder = fan.gap_recorder(LABELS, "r1")
+    assert recorder == prom.gap_recorder(LABELS, "r1")
