@@ -244,12 +244,22 @@ class StallDetector:
         if gap_ns > self._floor_ns:
             return False
         own = self._streams.get(stream_id)
-        if own is None or len(own.window) < self._stream_min:
-            if len(self._backend) < self._settings.backend_min_gaps:
+        backend = self._backend
+        # ``_learn`` and the windows' ``add`` and ``len``, inlined: this runs once per token.
+        backend_short = len(backend._order) < self._settings.backend_min_gaps
+        if own is None or len(own.window._order) < self._stream_min:
+            if backend_short:
                 return False
             if own is None:
                 own = self._streams[stream_id] = _Stream(self._settings.stream_window)
-        self._learn(own, gap_ns)
+        own.run = 0
+        window = own.window
+        window._order.append(gap_ns)
+        window._sorted = None
+        self._backend_tick += 1
+        if self._backend_tick & 3 == 0 or backend_short:
+            backend._order.append(gap_ns)
+            backend._sorted = None
         return True
 
     def _learn(self, own: _Stream, gap_ns: int) -> None:

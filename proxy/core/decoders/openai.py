@@ -137,6 +137,11 @@ def interpret_object(obj: dict[str, Any], *, known_ids: bool = False) -> ChunkIn
         if type(choices) is list and len(choices) == 1:
             c = choices[0]
             if type(c) is dict and not c.get("finish_reason"):
+                delta = c.get("delta")
+                if type(delta) is dict:  # a chat token: decided without the general walk
+                    content = delta.get("content")
+                    if type(content) is str and content:
+                        return _OUTPUT
                 return _OUTPUT if _choice_output(c) else _NOT_OUTPUT
     err = obj.get("error")
     if err is not None:

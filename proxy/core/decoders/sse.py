@@ -43,6 +43,14 @@ class SseEvent(NamedTuple):
     """The last event ID seen so far in the stream."""
 
 
+_new_tuple = tuple.__new__
+
+
+def _event(data: str, start: int, end: int, last_id: str) -> SseEvent:
+    """A ``message`` event made without the named tuple's Python-level ``__new__``."""
+    return _new_tuple(SseEvent, (data, "message", start, end, False, last_id))
+
+
 class SseDecoder:
     """Feeds bytes, returns complete events. One decoder per response stream."""
 
@@ -109,7 +117,12 @@ class SseDecoder:
                     value = chunk[6 : n - 2] if chunk[5] == 0x20 else chunk[5 : n - 2]
                     self._offset = self.boundary_offset = self._event_start = end
                     text = value.decode("utf-8", "replace")
-                    return [SseEvent(text, "message", start, end, False, self.last_event_id)]
+                    # Built in place (``_event``'s body): this is every token's event.
+                    return [
+                        _new_tuple(
+                            SseEvent, (text, "message", start, end, False, self.last_event_id)
+                        )
+                    ]
             else:
                 fast = self._feed_simple(chunk)
                 if fast is not None:
@@ -136,9 +149,7 @@ class SseDecoder:
             end = pos + len(b) + 2
             if b[0] == 0x64:  # "data:"
                 v = b[6:] if b[5:6] == b" " else b[5:]
-                out.append(
-                    SseEvent(v.decode("utf-8", "replace"), "message", pos, end, False, last_id)
-                )
+                out.append(_event(v.decode("utf-8", "replace"), pos, end, last_id))
             pos = end
         self._offset = pos
         self.boundary_offset = pos
