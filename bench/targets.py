@@ -81,6 +81,8 @@ _SERVE = (
     "--admin", "{admin}", "--log-level", "warning",
 )  # fmt: skip
 _PASS = ("{python}", "-m", "bench.passthrough", "--upstream", "{upstream}", "--listen", "{listen}")
+_TCP = ("{python}", "-m", "bench.tcprelay", "--upstream", "{upstream}", "--listen", "{listen}",
+        "--loop", "uvloop")  # fmt: skip
 _NGINX = ("{python}", "-m", "bench.nginx", "--upstream", "{upstream}", "--listen", "{listen}",
           "--dir", "{workdir}")  # fmt: skip
 
@@ -92,6 +94,9 @@ BUILTIN_TARGETS: tuple[TargetSpec, ...] = (
                description="bare aiohttp pass-through (readany/write, no observation)"),
     TargetSpec("passthrough-uvloop", (*_PASS, "--loop", "uvloop"),
                description="the same pass-through on uvloop"),
+    TargetSpec("tcp-relay", _TCP,
+               description="the floor of a Python proxy: a raw TCP relay on uvloop, one "
+               "callback and one write per read, no HTTP, no observation"),
     TargetSpec("tokenstamp", _SERVE, description="tokenstamp serve with its defaults"),
     TargetSpec("tokenstamp-asyncio", (*_SERVE, "--loop", "asyncio"),
                description="tokenstamp serve on the default asyncio loop"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -112,6 +113,28 @@ async def test_passthrough_relays_byte_identical_streams(aiohttp_server):
     assert direct.gap.count == 24
     assert direct.ttft.count == 6
     assert direct.body_sha256
+    assert direct.body_sha256 == relayed.body_sha256
+
+
+async def test_tcp_relay_relays_byte_identical_streams(aiohttp_server, unused_tcp_port):
+    """The floor target: raw bytes both ways, every response identical to the direct one."""
+    from bench.tcprelay import serve
+
+    url = await _backend_url(aiohttp_server)
+    relay = asyncio.get_running_loop().create_task(serve(url, f"127.0.0.1:{unused_tcp_port}"))
+    try:
+        await asyncio.sleep(0.2)
+        plan = LoadPlan(url=url, streams=3, max_tokens=5, requests=2, usage="alternate",
+                        verify=True)  # fmt: skip
+        direct = await run_load(plan)
+        relayed = await run_load(
+            LoadPlan(**{**_fields(plan), "url": f"http://127.0.0.1:{unused_tcp_port}"})
+        )
+    finally:
+        relay.cancel()
+    assert direct.errors == relayed.errors == 0
+    assert relayed.requests_completed == 6
+    assert relayed.tokens == 30
     assert direct.body_sha256 == relayed.body_sha256
 
 
