@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo demo-techniques test test-vllm install-vllm install install-test deps-system lint fmt bench clean dashboards chart-sync
+.PHONY: demo demo-techniques test test-vllm test-compiled install-vllm install install-test deps-system lint fmt bench clean dashboards chart-sync
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -62,6 +62,19 @@ $(VLLM_VENV)/bin/vllm:
 
 test-vllm: install-test install-vllm
 	TOKENSTAMP_REQUIRE_VLLM=1 TOKENSTAMP_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/pytest -m vllm tests/realbackend
+
+## The compiled build (setup.py: the per-token modules through mypyc) against the tests of
+## the code it compiles. Built in place in a copy of the tracked files, never in this tree
+## (a stale extension module would shadow the source being edited).
+COMPILED_DIR ?= $(CURDIR)/build/compiled
+COMPILED_TESTS ?= tests/proxy/core tests/proxy/edge tests/exporters tests/reliability
+test-compiled: install-test
+	rm -rf $(COMPILED_DIR) && mkdir -p $(COMPILED_DIR)
+	git ls-files -z | xargs -0 cp --parents -t $(COMPILED_DIR)
+	cd $(COMPILED_DIR) && TOKENSTAMP_COMPILE=1 $(CURDIR)/$(BIN)/python setup.py -q build_ext --inplace
+	cd $(COMPILED_DIR) && PYTHONPATH=$(COMPILED_DIR) $(CURDIR)/$(BIN)/python -c \
+		"import proxy; b = proxy.hot_path_build(); print('hot path:', b); assert b == 'compiled'"
+	cd $(COMPILED_DIR) && PYTHONPATH=$(COMPILED_DIR) $(CURDIR)/$(BIN)/pytest -p no:cacheprovider $(COMPILED_TESTS)
 
 bench: install
 	$(BIN)/tokenstamp bench

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 
-from proxy import __version__
+from proxy import __version__, hot_path_build
 from proxy.config import ConfigError, add_serve_arguments, build_config
 
 # Subcommands that live in other packages (the simulator, the demo, the bench)
@@ -66,7 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
         "(prefill), time per output token and every inter-token gap (decode), and "
         "prefill-induced stutter, as Prometheus metrics.",
     )
-    parser.add_argument("--version", action="version", version=f"tokenstamp {__version__}")
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"tokenstamp {__version__} ({hot_path_build()} hot path)",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     serve = sub.add_parser(
         "serve",

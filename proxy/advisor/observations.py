@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass
+from typing import ClassVar
 
 from proxy.core.records import Backend, PrefillRecord, RequestLabels, RequestRecord, StallRecord
 
@@ -315,7 +316,7 @@ class ObservationSink:
     """The ``Sink`` side of ``AdvisorObservations``: prompt sizes and stalls, nothing per token."""
 
     __slots__ = ("observations",)
-    takes_gaps = False
+    takes_gaps: ClassVar[bool] = False
     """Gaps come through the watcher face: fan-outs skip this sink per token."""
 
     def __init__(self, observations: AdvisorObservations) -> None:

@@ -28,6 +28,7 @@ from exporters.otel_fit import OtelBackendFitGauges
 from exporters.otel_setup import OtelConfigError, Telemetry, build_telemetry
 from exporters.otel_spans import SpanRecorder
 from exporters.prometheus import BackendFitGauges, PrometheusSink
+from proxy import hot_path_build
 from proxy.advisor.observations import AdvisorObservations, ObservationSink
 from proxy.advisor.web import Advisor, advice_routes
 from proxy.config import ConfigError, HostPort, ProxyConfig
@@ -315,6 +316,7 @@ async def serve_forever(config: ProxyConfig) -> int:
         config.upstream,
         proxy.admin_url,
     )
+    log.info("hot path: %s (see setup.py)", hot_path_build())
     if proxy.timeline is not None:
         log.info("token timeline on %s/timeline", proxy.admin_url)
     # Process-wide housekeeping, so here and not in start_proxy (which tests and

@@ -26,7 +26,7 @@ import ssl
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Protocol, cast
+from typing import ClassVar, Protocol, cast
 from urllib.parse import urlsplit
 
 import httptools
@@ -45,43 +45,43 @@ EARLY_BYTES = 1 << 16
 class UpstreamError(Exception):
     """The upstream failed; ``kind`` is the bounded ``error.type`` value."""
 
-    kind = "UpstreamError"
+    kind: ClassVar[str] = "UpstreamError"
 
 
 class ConnectFailed(UpstreamError):
     """No connection could be opened."""
 
-    kind = "ClientConnectorError"
+    kind: ClassVar[str] = "ClientConnectorError"
 
 
 class NameNotResolved(ConnectFailed):
     """The upstream's host name did not resolve."""
 
-    kind = "ClientConnectorDNSError"
+    kind: ClassVar[str] = "ClientConnectorDNSError"
 
 
 class DisconnectedBeforeHead(UpstreamError):
     """The upstream closed the connection without answering."""
 
-    kind = "ServerDisconnectedError"
+    kind: ClassVar[str] = "ServerDisconnectedError"
 
 
 class ResetBeforeHead(UpstreamError):
     """The upstream reset the connection without answering."""
 
-    kind = "ClientOSError"
+    kind: ClassVar[str] = "ClientOSError"
 
 
 class NotHttp(UpstreamError):
     """What the upstream answered is not an HTTP response."""
 
-    kind = "ClientResponseError"
+    kind: ClassVar[str] = "ClientResponseError"
 
 
 class PayloadError(UpstreamError):
     """The body broke off: reset, closed before its end, or bad framing."""
 
-    kind = "ClientPayloadError"
+    kind: ClassVar[str] = "ClientPayloadError"
 
 
 class BodyConsumer(Protocol):
