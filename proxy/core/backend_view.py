@@ -29,6 +29,14 @@ token since (no later stall can overlap its window); or, at the latest,
 Memory is bounded: streams and open windows by the requests in flight; closed
 windows and pending stalls by time (``max_delay``). Per gap the work is O(1)
 amortised; deciding a stall costs O(windows closed within a few ms).
+
+A window counts the distinct streams it stalled without remembering them: a
+stream's stalls are decided in order, and the windows named for them come in
+runs that never return (a window is the oldest open one until its first token,
+then an ender once at most, then never again), so a stream remembers only the
+last window the oldest-open rule named for it. A set of stream ids per window
+held a pair per (window, stalled stream): with a thousand streams opening at
+once on a warm backend, 20 KiB per stream.
 """
 
 from __future__ import annotations
@@ -57,7 +65,7 @@ class _Window:
         "labels",
         "prompt_tokens_hint",
         "request_id",
-        "stalled",
+        "stalled_streams",
         "stalls",
     )
 
@@ -68,7 +76,7 @@ class _Window:
         self.labels = described.labels if described is not None else None
         self.prompt_tokens_hint = described.prompt_tokens_hint if described is not None else None
         self.stalls = 0
-        self.stalled: set[str] = set()
+        self.stalled_streams = 0
         self.cost_ns = 0.0
 
 
@@ -115,6 +123,11 @@ class BackendView:
         self._open: OrderedDict[str, _Window] = OrderedDict()  # forwarded order
         self._closed: deque[_Window] = deque()  # first-token order, not yet reported
         self._active: OrderedDict[str, int] = OrderedDict()  # stream -> last token, oldest first
+        # stream -> last window the oldest-open rule named for it (None: none yet); a
+        # finished stream's entry stays until the stalls pending at its end are decided
+        self._named: dict[str, _Window | None] = {}
+        self._retiring: deque[tuple[int, str]] = deque()  # (gaps appended by then, stream)
+        self._appended = 0  # gaps ever appended to _pending
         self._pending: deque[_Pending] = deque()
         self._unlabelled = RequestLabels("", "", backend)
         self._recent: deque[PrefillRecord] = deque(maxlen=_RECENT_CULPRITS)
@@ -191,6 +204,7 @@ class BackendView:
                     pending.baseline_ns = verdict.baseline_ns
                     pending.threshold_ns = verdict.threshold_ns
                 self._pending.append(pending)
+                self._appended += 1
                 if len(self._pending) > _MAX_PENDING:
                     self._pending.popleft()
         except Exception:
@@ -203,6 +217,11 @@ class BackendView:
             self._described.pop(request_id, None)
             self._open.pop(request_id, None)
             self._active.pop(request_id, None)
+            if self._pending:  # a stall of it may still be decided
+                self._named.setdefault(request_id, None)
+                self._retiring.append((self._appended, request_id))
+            else:
+                self._named.pop(request_id, None)
             self._detector.close(request_id)
             self._advance(end_ns)  # it may have been the oldest stream holding a record back
         except Exception:
@@ -235,6 +254,8 @@ class BackendView:
             "open_windows": len(self._open),
             "closed_windows": len(self._closed),
             "active_streams": len(self._active),
+            "named_streams": len(self._named),
+            "retiring_streams": len(self._retiring),
             "pending_gaps": len(self._pending),
             "baselines": len(self._detector),
         }
@@ -259,7 +280,7 @@ class BackendView:
                 verdict = self._detector.judge_late(head.gap_ns)
                 if verdict.baseline_ns is None:
                     if now - head.end_ns <= self._delay_ns:
-                        return
+                        break
                     pending.popleft()  # never judged: too early to tell, dropped
                     continue
                 if not verdict.stall:
@@ -268,15 +289,24 @@ class BackendView:
                 head.baseline_ns = verdict.baseline_ns
                 head.threshold_ns = verdict.threshold_ns or 0
             if now - head.end_ns <= self._tol(head.baseline_ns):
-                return
+                break
             pending.popleft()
             self._decide(head, head.baseline_ns)
+        if self._retiring:
+            self._retire()
+
+    def _retire(self) -> None:
+        """Forget finished streams once every gap pending at their end is decided."""
+        retiring = self._retiring
+        decided = self._appended - len(self._pending)
+        while retiring and retiring[0][0] <= decided:
+            self._named.pop(retiring.popleft()[1], None)
 
     def _tol(self, baseline_ns: int) -> int:
         return min(self._tol_ns, baseline_ns // 2)
 
     def _decide(self, stall: _Pending, baseline_ns: int) -> None:
-        culprits = self._culprits(stall, self._tol(baseline_ns))
+        culprits, oldest_rule = self._culprits(stall, self._tol(baseline_ns))
         record = StallRecord(
             request_id=stall.request_id,
             backend=self.backend,
@@ -288,13 +318,18 @@ class BackendView:
             culprits=tuple(w.request_id for w in culprits),
         )
         excess_ns = max(0, stall.gap_ns - baseline_ns)
+        named = self._named.get(stall.request_id)
         for window, share in zip(culprits, _shares(culprits), strict=True):
             window.cost_ns += excess_ns * share
             window.stalls += 1
-            window.stalled.add(stall.request_id)
+            if window is not named:  # else it stalled this stream before: counted then
+                window.stalled_streams += 1
+        if oldest_rule and (stall.request_id in self._active or stall.request_id in self._named):
+            self._named[stall.request_id] = culprits[0]
         self._report_stall(record)
 
-    def _culprits(self, stall: _Pending, tol: int) -> list[_Window]:
+    def _culprits(self, stall: _Pending, tol: int) -> tuple[list[_Window], bool]:
+        """The windows to blame, and whether the oldest-open rule (not the enders) chose them."""
         start, end = stall.start_ns, stall.end_ns
         enders: list[_Window] = []
         oldest: _Window | None = None  # earliest forwarded window still open at end + tol
@@ -312,7 +347,7 @@ class BackendView:
             if window.request_id != stall.request_id and window.forwarded_ns < end:
                 enders.append(window)
         if enders:
-            return enders
+            return enders, False
         head = next(iter(self._open.values()), None)
         if (
             head is not None
@@ -320,7 +355,7 @@ class BackendView:
             and (oldest is None or head.forwarded_ns < oldest.forwarded_ns)
         ):
             oldest = head
-        return [] if oldest is None else [oldest]
+        return ([], False) if oldest is None else ([oldest], True)
 
     def _settle_windows(self, now: int) -> None:
         closed = self._closed
@@ -358,7 +393,7 @@ class BackendView:
             first_token_ns=first_token_ns,
             prompt_tokens_hint=window.prompt_tokens_hint,
             stalls=window.stalls,
-            stalled_streams=len(window.stalled),
+            stalled_streams=window.stalled_streams,
             stutter_cost_s=window.cost_ns / 1e9,
         )
         if record.stalled_streams:

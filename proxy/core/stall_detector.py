@@ -8,16 +8,18 @@ or, while the stream has fewer than ``stream_min_gaps`` of its own, the lower
 median of the backend's recent non-stall gaps. With neither, the gap cannot be
 judged yet (``Verdict.baseline_ns is None``) and the caller may ask again later.
 
-Cost: each window is a fixed-size sorted list beside its insertion order, so
-adding a gap is a bisect plus a bounded memmove (O(1) amortised for a fixed
-window) and the median is one index. Memory per stream is ``stream_window``
-integers; per backend ``backend_window``.
+Cost: each window keeps its values in insertion order, in a machine-integer
+array (8 bytes a value: no int object per gap, no deque block of 64 slots), so
+adding a gap is an append plus a bounded memmove; an order statistic sorts a
+copy once and keeps only its result until the next add. Memory per stream is
+about ``8 x stream_window`` bytes plus the array's header; per backend
+``8 x backend_window``.
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
+from array import array
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -94,14 +96,16 @@ class StallSettings:
 
 
 class MedianWindow:
-    """The last ``size`` values and their order statistics.
+    """The last ``size`` values (signed 64-bit integers) and their order statistics.
 
-    Adding is O(1) (a bounded deque); the sorted copy is made only when an order
-    statistic is asked for, and kept until the next add. The detector asks only
-    for gaps that could be stalls, so per token the window costs one append.
+    Adding is an append (and, when full, dropping the oldest: a memmove of at
+    most ``size`` machine words); a sorted copy is made only when an order
+    statistic is asked for, and only the statistic is kept until the next add.
+    The detector asks only for gaps that could be stalls, so per token the
+    window costs one append.
     """
 
-    __slots__ = ("_order", "_sorted", "size")
+    __slots__ = ("_cached", "_cached_q", "_order", "size")
 
     def __init__(self, size: int) -> None:
         """An empty window of at most ``size`` >= 1 values."""
@@ -109,13 +113,17 @@ class MedianWindow:
             raise ValueError(f"MedianWindow: size must be >= 1, got {size}")
         self.size = size
         """Most values kept; the oldest leaves when a new one comes."""
-        self._order: deque[int] = deque(maxlen=size)
-        self._sorted: list[int] | None = []
+        self._order = array("q")
+        self._cached_q = -1.0  # the q of ``_cached`` (-1: none)
+        self._cached: int | None = None
 
     def add(self, value: int) -> None:
         """Add ``value``, dropping the oldest when full."""
-        self._order.append(value)
-        self._sorted = None
+        order = self._order
+        if len(order) >= self.size:
+            del order[0]
+        order.append(value)
+        self._cached_q = -1.0
 
     def median(self) -> int | None:
         """The lower median (robust to up to half the window being stalls); None when empty."""
@@ -123,10 +131,12 @@ class MedianWindow:
 
     def quantile(self, q: float) -> int | None:
         """The order statistic at ``floor(q x (n - 1))``; None when empty."""
-        values = self._sorted
-        if values is None:
-            values = self._sorted = sorted(self._order)
-        return values[int(q * (len(values) - 1))] if values else None
+        if q == self._cached_q:
+            return self._cached
+        order = self._order
+        value = sorted(order)[int(q * (len(order) - 1))] if order else None
+        self._cached_q, self._cached = q, value
+        return value
 
     def __len__(self) -> int:
         """Values in the window."""
@@ -254,12 +264,14 @@ class StallDetector:
                 own = self._streams[stream_id] = _Stream(self._settings.stream_window)
         own.run = 0
         window = own.window
-        window._order.append(gap_ns)
-        window._sorted = None
+        order = window._order  # ``window.add(gap_ns)``, inlined
+        if len(order) >= window.size:
+            del order[0]
+        order.append(gap_ns)
+        window._cached_q = -1.0
         self._backend_tick += 1
         if self._backend_tick & 3 == 0 or backend_short:
-            backend._order.append(gap_ns)
-            backend._sorted = None
+            backend.add(gap_ns)
         return True
 
     def _learn(self, own: _Stream, gap_ns: int) -> None:

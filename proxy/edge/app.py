@@ -162,8 +162,44 @@ _NO_ANSWER = {
 }
 
 
+def _start_timer(
+    request: web.Request, state: ProxyState, fmt: Format, body: dict[str, object] | None
+) -> StreamTimer:
+    model = None if body is None else fmt.request_model(body)
+    labels = RequestLabels(fmt.operation.value, state.labeler.label(model), state.backend)
+    request_model = model if isinstance(model, str) else ""
+    clock = state.clock
+    if state.tracing is not None:
+        return state.tracing.start_timer(
+            request_id(request),
+            labels,
+            arrival_ns=clock(),
+            start_unix_ns=time.time_ns(),
+            sink=state.sink,
+            watcher=state.watcher,
+            request_model=request_model,
+            headers=request.headers,
+            body=body,
+        )
+    return StreamTimer(
+        request_id(request),
+        labels,
+        arrival_ns=clock(),
+        start_unix_ns=time.time_ns(),
+        sink=state.sink,
+        watcher=state.watcher,
+        request_model=request_model,
+    )
+
+
 async def handle(request: web.Request) -> web.StreamResponse:
-    """Forward one request; observe it when it is a completion call."""
+    """Forward one request; observe it when it is a completion call.
+
+    Memory per open stream is the point of a few choices here: no closure, one
+    coroutine less for an observed request, and neither the parsed body nor the
+    body bytes kept by this frame while the stream runs (a long prompt is
+    hundreds of KiB, held for the whole stream otherwise).
+    """
     state = request.app[STATE]
     cfg = state.config
     clock = state.clock
@@ -173,39 +209,12 @@ async def handle(request: web.Request) -> web.StreamResponse:
     progress = _Progress()
     outcome, error_type = Outcome.OK, ""
 
-    def start_timer(body: dict[str, object] | None) -> StreamTimer:
-        assert fmt is not None
-        model = None if body is None else fmt.request_model(body)
-        labels = RequestLabels(fmt.operation.value, state.labeler.label(model), state.backend)
-        request_model = model if isinstance(model, str) else ""
-        if state.tracing is not None:
-            return state.tracing.start_timer(
-                request_id(request),
-                labels,
-                arrival_ns=clock(),
-                start_unix_ns=time.time_ns(),
-                sink=state.sink,
-                watcher=state.watcher,
-                request_model=request_model,
-                headers=request.headers,
-                body=body,
-            )
-        return StreamTimer(
-            request_id(request),
-            labels,
-            arrival_ns=clock(),
-            start_unix_ns=time.time_ns(),
-            sink=state.sink,
-            watcher=state.watcher,
-            request_model=request_model,
-        )
-
     try:
         try:
             body = await _read_body(request, cfg.max_body_bytes, cfg.body_timeout_s)
         except _Refused as exc:
             if fmt is not None:
-                timer = start_timer(None)
+                timer = _start_timer(request, state, fmt, None)
             outcome, progress.status, error_type = Outcome.REJECTED, exc.status, exc.error_type
             return json_error(exc.status, exc.error_type, str(exc))
         upstream_body, injected = body, False
@@ -214,7 +223,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
             if parsed is None:
                 state.sink.unobserved(state.backend, "body_not_json")
             else:
-                timer = start_timer(parsed)
+                timer = _start_timer(request, state, fmt, parsed)
                 if state.stalls is not None:
                     state.stalls.describe(
                         timer.request_id,
@@ -226,7 +235,16 @@ async def handle(request: web.Request) -> web.StreamResponse:
                     new_body = inject(body)
                     if new_body is not None:
                         upstream_body, injected = new_body, True
-        result = await _forward(request, state, fmt, upstream_body, timer, injected, body, progress)
+                    del new_body
+            parsed = None
+        if timer is not None and fmt is not None and state.pool is not None:
+            forward = _forward_observed(
+                request, state, fmt, upstream_body, timer, injected, body, progress
+            )
+        else:
+            forward = _forward(request, state, upstream_body, progress)
+        body = upstream_body = b""  # the coroutine holds them as long as it needs them
+        result = await forward
         outcome, progress.status, error_type = result.outcome, result.status, result.error_type
         return result.response
     except asyncio.CancelledError:
@@ -251,20 +269,10 @@ def _parse_json_object(body: bytes) -> dict[str, object] | None:
 
 
 async def _forward(
-    request: web.Request,
-    state: ProxyState,
-    fmt: Format | None,
-    body: bytes,
-    timer: StreamTimer | None,
-    injected: bool,
-    original_body: bytes,
-    progress: _Progress,
+    request: web.Request, state: ProxyState, body: bytes, progress: _Progress
 ) -> RelayResult:
-    """Send upstream, relay the response; map failures to statuses or outcomes."""
-    if timer is not None and fmt is not None and state.pool is not None:
-        return await _forward_observed(
-            request, state, fmt, body, timer, injected, original_body, progress
-        )
+    """Send an unobserved request upstream on aiohttp's client, relay the response; map
+    failures to statuses or outcomes."""
     assert state.session is not None, "the upstream session opens with the app"
     cfg = state.config
     url = cfg.upstream + str(request.rel_url)
@@ -369,6 +377,7 @@ async def _forward_observed(
                     refused,
                 )
             injected = False
+        del body, original_body, headers  # not sent again: not kept while the body streams
         up_headers = conn.headers
         content_type = up_headers.get("Content-Type", "")
         is_sse = content_type.startswith("text/event-stream")

@@ -95,7 +95,33 @@ class BodyConsumer(Protocol):
 
 
 class UpstreamConnection(asyncio.Protocol):
-    """One HTTP/1.1 connection to the upstream; one request at a time."""
+    """One HTTP/1.1 connection to the upstream; one request at a time.
+
+    Slotted: one of these lives per open stream.
+    """
+
+    __slots__ = (
+        "_clock",
+        "_complete",
+        "_consumer",
+        "_early",
+        "_early_bytes",
+        "_ended",
+        "_eof_delimited",
+        "_error",
+        "_head",
+        "_headers",
+        "_keep_alive",
+        "_lost",
+        "_parser",
+        "_read_ns",
+        "_reason",
+        "_status",
+        "idle_since",
+        "paused",
+        "received_bytes",
+        "transport",
+    )
 
     def __init__(self, clock: Callable[[], int]) -> None:
         self._clock = clock
@@ -114,6 +140,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._lost = False
         self._status = 0
         self._keep_alive = False
+        self._error: UpstreamError | None = None
         self.idle_since = 0.0
         self.received_bytes = 0
         """Body bytes received so far (the read watchdog's progress)."""
@@ -287,8 +314,6 @@ class UpstreamConnection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
             self.transport = None
-
-    _error: UpstreamError | None = None
 
     def _end(self, error: UpstreamError | None) -> None:
         if self._ended:

@@ -3,13 +3,17 @@
 aiohttp's client enforces ``sock_read`` itself, but after some protocol errors
 (bad chunked framing mid-body) it drops that timer and the body just never
 ends. ``BodyWatchdog`` looks at the body once per ``--read-timeout`` from a
-timer of its own, so the hot path pays nothing per read: while bytes keep
-arriving, or while nobody is waiting for them (a slow client: the relay waits
-on the client's socket and aiohttp has paused reading on purpose), it pushes a
-deadline ``2 x --read-timeout`` ahead. When the relay has waited for upstream
-bytes that long, the deadline passes and the relay gets ``TimeoutError``:
-outcome ``timeout``, the client's stream is cut. A silence is cut between 2x
-and 3x the read timeout after the last byte.
+timer of its own, so the hot path pays nothing per read. A look that finds
+bytes arrived since the last one, or nobody waiting for them (a slow client:
+the relay waits on the client's socket and reading is paused on purpose),
+starts the count again; the second look in a row that finds the relay still
+waiting for upstream bytes expires the timeout at once, and the relay gets
+``TimeoutError``: outcome ``timeout``, the client's stream is cut. A silence
+is cut between 2x and 3x the read timeout after the last byte.
+
+One timer per open stream (the look's), not two: the timeout holds no
+deadline until it fires, where pushing a deadline ahead cost a timer handle
+per look (memory per open stream).
 """
 
 from __future__ import annotations
@@ -34,15 +38,24 @@ def waiting_for_data(body: aiohttp.StreamReader) -> bool:
 
 
 class BodyWatchdog:
-    """Keeps a silence deadline (an ``asyncio.Timeout``) alive while a body makes progress.
+    """Expires a silence timeout (an ``asyncio.Timeout``) once a body stops making progress.
 
     An async context manager around the relay, entered inside the timeout it
-    keeps alive: the periodic check starts on entry and stops on exit.
+    watches: the periodic check starts on entry and stops on exit.
     ``received`` says how many body bytes arrived so far, ``waiting`` whether
     the relay is blocked on the upstream right now (not on the client).
     """
 
-    __slots__ = ("_handle", "_loop", "_period_s", "_received", "_seen", "_timeout", "_waiting")
+    __slots__ = (
+        "_handle",
+        "_loop",
+        "_period_s",
+        "_quiet",
+        "_received",
+        "_seen",
+        "_timeout",
+        "_waiting",
+    )
 
     def __init__(
         self,
@@ -57,6 +70,7 @@ class BodyWatchdog:
         self._period_s = period_s
         self._loop = asyncio.get_running_loop()
         self._seen = -1
+        self._quiet = 0  # looks in a row that found the relay waiting and no new bytes
         self._handle: asyncio.TimerHandle | None = None
 
     async def __aenter__(self) -> BodyWatchdog:
@@ -80,5 +94,11 @@ class BodyWatchdog:
         now = self._loop.time()
         if total != self._seen or not self._waiting():
             self._seen = total
-            self._timeout.reschedule(now + 2 * self._period_s)
+            self._quiet = 0
+        else:
+            self._quiet += 1
+            if self._quiet >= 2:
+                self._handle = None
+                self._timeout.reschedule(now)  # due now: the relay gets TimeoutError
+                return
         self._handle = self._loop.call_at(now + self._period_s, self._check)

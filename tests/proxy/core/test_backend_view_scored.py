@@ -462,6 +462,19 @@ def test_scenario_meets_targets(name, table):
     assert not check(s), _row(s)
 
 
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_stalled_streams_are_the_distinct_streams_of_the_stall_records(name):
+    # The view counts them without keeping the streams' ids (see its docstring).
+    _, runs = run_scenario(name)
+    for run in runs:
+        stalled: dict[str, set[str]] = defaultdict(set)
+        for rec in run.recorder.stalls:
+            for culprit in rec.culprits:
+                stalled[culprit].add(rec.request_id)
+        for p in run.recorder.prefills:
+            assert p.stalled_streams == len(stalled[p.request_id]), p.request_id
+
+
 @pytest.mark.parametrize("name", list(INFORMATIONAL))
 def test_informational_scenario(name, table):
     s, _ = run_scenario(name)
