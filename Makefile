@@ -67,7 +67,7 @@ test-vllm: install-test install-vllm
 ## the code it compiles. Built in place in a copy of the tracked files, never in this tree
 ## (a stale extension module would shadow the source being edited).
 COMPILED_DIR ?= $(CURDIR)/build/compiled
-COMPILED_TESTS ?= tests/proxy/core tests/proxy/edge tests/exporters tests/reliability
+COMPILED_TESTS ?= tests/proxy/core tests/proxy/edge
 test-compiled: install-test
 	rm -rf $(COMPILED_DIR) && mkdir -p $(COMPILED_DIR)
 	git ls-files -z | xargs -0 cp --parents -t $(COMPILED_DIR)
