@@ -216,3 +216,27 @@ def test_defaults_capacity_and_the_json_of_advise():
     assert "recommended:" in render(given)
     assert exit_status([given]) == 0
     assert exit_status([advice]) == 3
+
+
+def test_a_stream_read_just_before_the_first_token_is_a_reference():
+    # llama.cpp emits the last prefill step's tokens together; the proxy may read the other
+    # streams' a few ms before the culprit's first token, and their next step only after the
+    # period's margin: they still saw every step of the prefill.
+    obs = AdvisorObservations(BACKEND)
+    ms = 1_000_000
+    for s in ("a", "b"):
+        obs.first_token(s, 0)
+    t = 0
+    for _ in range(10):
+        for s in ("a", "b"):
+            obs.gap(s, t, t + 100 * ms)
+        t += 100 * ms
+    obs.forwarded("long", t + 10 * ms)
+    for s in ("a", "b"):
+        obs.gap(s, t, t + 2000 * ms)  # the prefill step, read 3 ms before the first token
+    obs.first_token("long", t + 2003 * ms)
+    for s in ("a", "b"):
+        obs.gap(s, t + 2000 * ms, t + 2100 * ms)  # the next step: past the margin
+    (window,) = obs.snapshot(t + 3000 * ms).windows
+    assert window.decoding_at_start == 2
+    assert len(window.references) == 2
