@@ -10,7 +10,7 @@ already in the KV cache (attention), which the linear model averages out; and
 llama.cpp's ``n_batch`` holds the streams' decode tokens too, so a 512 step
 carries 504 prompt tokens with 8 streams decoding (the advisor's chunk is the
 prompt piece; 1.6% here). The fit prompts come in three sizes: at 512 their
-last pieces (204, 308, 404 tokens) tell a fixed cost per prefill step from the
+last pieces (204, 308, 108 tokens) tell a fixed cost per prefill step from the
 rate; two sizes (1212 and 812 tokens: 3 and 2 pieces) leave the two confounded.
 """
 
@@ -36,7 +36,7 @@ pytestmark = [pytest.mark.realbackend, pytest.mark.timeout(240)]
 STREAMS = 8
 LONG = 1200
 """The measured long prompt (at 512: three pieces of 504)."""
-FIT_PROMPTS = [1200, 800, 1400]
+FIT_PROMPTS = [1200, 800, 600]
 """The long prompts the advisor fits from, one at a time."""
 PREFILL_S_PER_TOKEN = 1 / 250
 """About what this CPU takes per prompt token (sizes the streams, not a tolerance)."""
