@@ -169,18 +169,30 @@ def fit(snapshot: ObservationSnapshot) -> Fit:
         return Fit(record, observations, quality, tuple(missing), tuple(windows))
     chunk, chunked, spread, largest_unsplit, n_split = _fit_chunk(usable, 1.0 / inv_rate, 0.0)
     split = [w for w in usable if _is_split(w, 1.0 / inv_rate, 0.0)] if chunked else []
-    line = _step_line(usable, split)
+    line = _step_line(usable, split, chunk)
     step_s = 0.0
+    note = line.note
     if line.step_s is not None:
-        step_s, inv_rate = line.step_s, line.inv_rate
-        quality["prefill_step_residual_rel"] = line.residual_rel
-        if chunked:
-            chunk, chunked, spread, largest_unsplit, n_split = _fit_chunk(
-                usable, 1.0 / inv_rate, step_s
+        again = _fit_chunk(usable, 1.0 / line.inv_rate, line.step_s) if chunked else None
+        new_chunk = again[0] if again is not None else chunk
+        # The windows' totals telescope (a late step and an early one cancel): the step cost
+        # must explain them better than none does, else single steps' jitter made it.
+        with_step = _totals_residual(usable, new_chunk, line.step_s, line.inv_rate)
+        without = _totals_residual(usable, chunk, 0.0, inv_rate)
+        if with_step < without:
+            step_s, inv_rate = line.step_s, line.inv_rate
+            quality["prefill_step_residual_rel"] = line.residual_rel
+            if again is not None:
+                chunk, chunked, spread, largest_unsplit, n_split = again
+        else:
+            note = (
+                f"{len(line.tokens)} prefill steps: a fixed cost per step of "
+                f"{line.step_s * 1e3:.1f} ms explains the windows' totals no better than none "
+                f"(residual {with_step:.1%} against {without:.1%}); taken as 0"
             )
     observations["prefill_steps"] = len(line.tokens)
     observations["prefill_step_tokens"] = line.tokens_range(chunk)
-    observations["prefill_step_note"] = line.note
+    observations["prefill_step_note"] = note
     rate = 1.0 / inv_rate
     quality["prefill_residual_rel"] = _rms(
         [
@@ -371,12 +383,15 @@ class _StepLine:
         return [min(sizes), max(sizes)] if sizes else None
 
 
-def _step_line(windows: list[WindowFit], split: list[WindowFit]) -> _StepLine:
+def _step_line(windows: list[WindowFit], split: list[WindowFit], chunk: int | None) -> _StepLine:
     """Least squares of each prefill step's excess = ``step_s + tokens / rate``.
 
     A split window of ``P`` tokens in ``k`` pieces gives two points with the chunk unknown:
     its full piece, ``step_s + chunk / rate``, and its last, ``step_s + (P - (k - 1) chunk)
     / rate``; linear in ``(step_s, 1 / rate, chunk / rate)``. An unsplit window is one point.
+    The last piece is used only when ``k`` agrees with ``chunk`` (the first estimate): a
+    piece too small to tell from a decode step goes uncounted, and its window's last step
+    seen is a full one.
     """
     xs: list[list[float]] = []
     ys: list[float] = []
@@ -385,9 +400,13 @@ def _step_line(windows: list[WindowFit], split: list[WindowFit]) -> _StepLine:
         if w.alone:
             continue
         if w in split:
-            xs += [[1.0, 0.0, 1.0], [1.0, float(w.prompt_tokens), 1.0 - w.pieces]]
-            ys += [w.full_piece_s, w.last_piece_s]
-            tokens += [(w.prompt_tokens, 0), (w.prompt_tokens, w.pieces)]
+            xs.append([1.0, 0.0, 1.0])
+            ys.append(w.full_piece_s)
+            tokens.append((w.prompt_tokens, 0))
+            if w.pieces == _steps(w.prompt_tokens, chunk):
+                xs.append([1.0, float(w.prompt_tokens), 1.0 - w.pieces])
+                ys.append(w.last_piece_s)
+                tokens.append((w.prompt_tokens, w.pieces))
         else:
             xs.append([1.0, float(w.prompt_tokens), 0.0])
             ys.append(w.excess_s)
@@ -425,6 +444,19 @@ def _step_line(windows: list[WindowFit], split: list[WindowFit]) -> _StepLine:
         ]
     )
     return _StepLine(tuple(tokens), step_s, inv_rate, residual, None)
+
+
+def _totals_residual(
+    windows: list[WindowFit], chunk: int | None, step_s: float, inv_rate: float
+) -> float:
+    """Relative RMS of the windows' total excess about ``steps x step_s + P x inv_rate``."""
+    rel = [
+        (w.excess_s - _steps(w.prompt_tokens, chunk) * step_s - w.prompt_tokens * inv_rate)
+        / w.excess_s
+        for w in windows
+        if w.excess_s > 0
+    ]
+    return _rms(rel) or 0.0
 
 
 def _steps(prompt_tokens: int, chunk: int | None) -> int:
