@@ -24,7 +24,8 @@ BLIS's step models)::
   ``prefill_step + (P - (k - 1) chunk) / rate``, linear in ``(prefill_step,
   1 / rate, chunk / rate)``: least squares over all of them. On an idle backend
   only, the first tokens of prompts of different sizes are the points. Kept
-  only ``STEP_SIGNIFICANCE`` standard errors above 0; else (too few or too
+  only ``STEP_SIGNIFICANCE`` standard errors above 0 and when it explains the
+  windows' telescoped totals better than none does; else (too few or too
   alike steps, e.g. prompts of 3 and 2 pieces whose remainders tell nothing,
   or a negative intercept: bigger steps dearer per token, as attention over a
   long prompt makes them) it is 0, the rate is fitted through the origin as
