@@ -3,7 +3,8 @@
 Pure: no clock, no framework. The model (the linear form of Sarathi-Serve's and
 BLIS's step models)::
 
-    step_s = base + per_stream x decoding streams + prefill tokens in the step / rate
+    step_s = base + per_stream x decoding streams
+             + (prefill_step + prefill tokens in the step / rate, if it carries prefill)
 
 - **Decode step** (``base``, ``per_stream``): the median clean decode gap at each
   number of decoding streams, fitted by weighted least squares over the counts
@@ -15,6 +16,21 @@ BLIS's step models)::
   out). ``uncached prompt tokens = rate x excess``, fitted through the origin
   over all windows. A window on an idle backend adds its upstream TTFT minus a
   base per step. Needs two windows whose excess is measurable.
+- **Fixed cost per prefill step** (``prefill_step``): a step that carries prefill
+  can cost a constant besides its tokens (kernel launches, batch setup,
+  sampling). Each prefill step seen by decoding streams is a point: an unsplit
+  prompt of ``P`` tokens, ``prefill_step + P / rate``; a split one in ``k``
+  pieces, its full piece ``prefill_step + chunk / rate`` and its last
+  ``prefill_step + (P - (k - 1) chunk) / rate``, linear in ``(prefill_step,
+  1 / rate, chunk / rate)``: least squares over all of them. On an idle backend
+  only, the first tokens of prompts of different sizes are the points. Kept
+  only ``STEP_SIGNIFICANCE`` standard errors above 0 and when it explains the
+  windows' telescoped totals better than none does; else (too few or too
+  alike steps, e.g. prompts of 3 and 2 pieces whose remainders tell nothing,
+  or a negative intercept: bigger steps dearer per token, as attention over a
+  long prompt makes them) it is 0, the rate is fitted through the origin as
+  above, and ``observations["prefill_step_note"]`` says why. Kept, the chunk
+  is ``(full piece - prefill_step) x rate``.
 - **Chunk size**: the number of steps with a clear excess tells how many
   pieces one prompt took. One step: the prompt was not split (chunk at least
   that big). Several: ``chunk = rate x (excess of a full piece)``; each such
@@ -36,6 +52,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from proxy.advisor.observations import ObservationSnapshot, WindowObservation
+from proxy.advisor.regression import least_squares
 from proxy.core.backend_fit import BackendFitRecord
 
 MIN_GAPS_PER_COUNT = 5
@@ -54,6 +71,8 @@ MEASURABLE_RATIO = 0.25
 """... and this share of the decode step to measure the prefill rate."""
 SPLIT_RATIO = 0.9
 """A window whose full piece is below this share of its prompt was split into chunks."""
+STEP_SIGNIFICANCE = 2.0
+"""A fixed cost per prefill step is kept only this many standard errors above 0."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +89,8 @@ class WindowFit:
     """Steps that carried a piece of it (median over reference streams); 0 when alone."""
     full_piece_s: float
     """Excess of one full piece, s."""
+    last_piece_s: float
+    """Excess of the last step that carried a piece of it (the remainder when split), s."""
     alone: bool
     """No stream was decoding: measured from its upstream TTFT."""
 
@@ -80,14 +101,17 @@ class Fit:
 
     fit_record: BackendFitRecord
     """The fitted parameters (``None`` where unknown)."""
-    observations: dict[str, int | list[int] | None]
-    """How much evidence of each kind was used."""
+    observations: dict[str, int | list[int] | str | None]
+    """How much evidence of each kind was used (and, as a sentence, why a part was not fitted)."""
     quality: dict[str, float | None]
     """Residuals: relative RMS of each fit (0.05 = the model is 5% off on average)."""
     missing: tuple[str, ...]
     """What observations are still missing, one sentence each (empty: fully fitted)."""
     windows: tuple[WindowFit, ...] = field(default=())
     """The prefill windows used."""
+    prefill_step_s: float | None = None
+    """Fixed cost of a step that carries prefill, besides its tokens (s); 0 when it cannot be
+    told from the rate, ``None`` while the rate is unknown."""
 
     def decode_step_s(self, streams: int) -> float | None:
         """``base + per_stream x streams``, or ``None`` before the decode step is fitted."""
@@ -102,7 +126,7 @@ def fit(snapshot: ObservationSnapshot) -> Fit:
     missing: list[str] = []
     base, per_stream, decode_rel, counts, decode_gaps = _fit_decode(snapshot, missing)
     record = BackendFitRecord(snapshot.backend, None, base, per_stream, None, None)
-    observations: dict[str, int | list[int] | None] = {
+    observations: dict[str, int | list[int] | str | None] = {
         "decode_gaps": decode_gaps,
         "stream_counts": counts,
         "prefill_windows": 0,
@@ -112,11 +136,15 @@ def fit(snapshot: ObservationSnapshot) -> Fit:
         "overlapping_prefills": snapshot.overlapping_periods,
         "stalls": snapshot.stalls,
         "largest_unsplit_prompt_tokens": None,
+        "prefill_steps": 0,
+        "prefill_step_tokens": None,
+        "prefill_step_note": None,
     }
     quality: dict[str, float | None] = {
         "decode_residual_rel": decode_rel,
         "prefill_residual_rel": None,
         "chunk_size_spread_rel": None,
+        "prefill_step_residual_rel": None,
     }
     empty = Fit(record, observations, quality, tuple(missing))
     if base is None or per_stream is None:
@@ -140,18 +168,47 @@ def fit(snapshot: ObservationSnapshot) -> Fit:
     if inv_rate <= 0:
         missing.append("prefills that cost measurable time (all excesses were zero)")
         return Fit(record, observations, quality, tuple(missing), tuple(windows))
+    chunk, chunked, spread, largest_unsplit, n_split = _fit_chunk(usable, 1.0 / inv_rate, 0.0)
+    split = [w for w in usable if _is_split(w, 1.0 / inv_rate, 0.0)] if chunked else []
+    line = _step_line(usable, split, chunk)
+    step_s = 0.0
+    note = line.note
+    if line.step_s is not None:
+        again = _fit_chunk(usable, 1.0 / line.inv_rate, line.step_s) if chunked else None
+        new_chunk = again[0] if again is not None else chunk
+        # The windows' totals telescope (a late step and an early one cancel): the step cost
+        # must explain them better than none does, else single steps' jitter made it.
+        with_step = _totals_residual(usable, new_chunk, line.step_s, line.inv_rate)
+        without = _totals_residual(usable, chunk, 0.0, inv_rate)
+        if with_step < without:
+            step_s, inv_rate = line.step_s, line.inv_rate
+            quality["prefill_step_residual_rel"] = line.residual_rel
+            if again is not None:
+                chunk, chunked, spread, largest_unsplit, n_split = again
+        else:
+            note = (
+                f"{len(line.tokens)} prefill steps: a fixed cost per step of "
+                f"{line.step_s * 1e3:.1f} ms explains the windows' totals no better than none "
+                f"(residual {with_step:.1%} against {without:.1%}); taken as 0"
+            )
+    observations["prefill_steps"] = len(line.tokens)
+    observations["prefill_step_tokens"] = line.tokens_range(chunk)
+    observations["prefill_step_note"] = note
     rate = 1.0 / inv_rate
     quality["prefill_residual_rel"] = _rms(
-        [(w.excess_s - w.prompt_tokens * inv_rate) / w.excess_s for w in usable]
+        [
+            (w.excess_s - _steps(w.prompt_tokens, chunk) * step_s - w.prompt_tokens * inv_rate)
+            / w.excess_s
+            for w in usable
+        ]
     )
-    chunk, chunked, spread, largest_unsplit, n_split = _fit_chunk(usable, rate)
     observations["prefill_windows_chunked"] = n_split
     observations["largest_unsplit_prompt_tokens"] = largest_unsplit
     quality["chunk_size_spread_rel"] = spread
     if chunked is None:
         missing.append("a prefill seen while streams decode (to tell whether prompts are chunked)")
     record = BackendFitRecord(snapshot.backend, rate, base, per_stream, chunk, chunked)
-    return Fit(record, observations, quality, tuple(missing), tuple(windows))
+    return Fit(record, observations, quality, tuple(missing), tuple(windows), step_s)
 
 
 def _fit_decode(
@@ -191,7 +248,9 @@ def _fit_decode(
 
 
 def _window_fits(
-    snapshot: ObservationSnapshot, decode: Fit, observations: dict[str, int | list[int] | None]
+    snapshot: ObservationSnapshot,
+    decode: Fit,
+    observations: dict[str, int | list[int] | str | None],
 ) -> list[WindowFit]:
     out: list[WindowFit] = []
     no_size = 0
@@ -214,11 +273,12 @@ def _window_fit(window: WindowObservation, prompt_tokens: int, decode: Fit) -> W
             return None  # streams were decoding but none covered the window
         base = decode.decode_step_s(0)
         assert base is not None
-        excess = (t1 - tf) / 1e9 - base
-        return WindowFit(window.request_id, prompt_tokens, max(0.0, excess), 0, 0.0, alone=True)
+        excess = max(0.0, (t1 - tf) / 1e9 - base)
+        return WindowFit(window.request_id, prompt_tokens, excess, 0, 0.0, excess, alone=True)
     totals: list[float] = []
     pieces: list[int] = []
     full: list[float] = []
+    last: list[float] = []
     step_s = 0.0
     for gaps in window.references:
         total = 0.0
@@ -238,6 +298,8 @@ def _window_fit(window: WindowObservation, prompt_tokens: int, decode: Fit) -> W
                 elevated.append(excess)
         totals.append(total)
         pieces.append(len(elevated))
+        if elevated:
+            last.append(elevated[-1])
         elevated.sort()
         if len(elevated) >= 3:
             full.append(statistics.median(elevated[1:]))
@@ -245,37 +307,40 @@ def _window_fit(window: WindowObservation, prompt_tokens: int, decode: Fit) -> W
             full.append(elevated[-1])
     excess_s = statistics.median(totals)
     if excess_s < max(MEASURABLE_MIN_S, MEASURABLE_RATIO * step_s):
-        return WindowFit(window.request_id, prompt_tokens, 0.0, 0, 0.0, alone=False)
+        return WindowFit(window.request_id, prompt_tokens, 0.0, 0, 0.0, 0.0, alone=False)
     return WindowFit(
         window.request_id,
         prompt_tokens,
         excess_s,
         round(statistics.median(pieces)),
         statistics.median(full) if full else excess_s,
+        statistics.median(last) if last else excess_s,
         alone=False,
     )
 
 
 def _fit_chunk(
-    windows: list[WindowFit], rate: float
+    windows: list[WindowFit], rate: float, step_s: float
 ) -> tuple[int | None, bool | None, float | None, int | None, int]:
-    """(chunk size, chunked?, spread of the estimates, largest unsplit prompt, split windows)."""
+    """(chunk size, chunked?, spread of the estimates, largest unsplit prompt, split windows).
+
+    A full piece costs ``step_s + chunk / rate``.
+    """
     seen = [w for w in windows if not w.alone and w.pieces >= 1]
     if not seen:
         return None, None, None, None, 0
     split: list[WindowFit] = []
     unsplit: list[int] = []
     for w in seen:
-        piece_tokens = w.full_piece_s * rate
-        if w.pieces >= 2 and piece_tokens < SPLIT_RATIO * w.prompt_tokens:
+        if _is_split(w, rate, step_s):
             split.append(w)
         else:
             unsplit.append(w.prompt_tokens)
     largest_unsplit = max(unsplit) if unsplit else None
     if not split:
         return None, False, None, largest_unsplit, 0
-    estimates = [w.full_piece_s * rate for w in split]
-    chunk = statistics.median(estimates)
+    estimates = [(w.full_piece_s - step_s) * rate for w in split]
+    chunk = max(1.0, statistics.median(estimates))
     spread = _rms([(e - chunk) / chunk for e in estimates])
     low, high = 1.0, math.inf
     for w in split:
@@ -286,6 +351,118 @@ def _fit_chunk(
     if low < high:
         chunk = min(max(chunk, low), math.nextafter(high, 0))
     return round(chunk), True, spread, largest_unsplit, len(split)
+
+
+def _is_split(w: WindowFit, rate: float, step_s: float) -> bool:
+    """Several steps carried it, each a clear part of it."""
+    piece_tokens = (w.full_piece_s - step_s) * rate
+    return not w.alone and w.pieces >= 2 and piece_tokens < SPLIT_RATIO * w.prompt_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class _StepLine:
+    """Prefill steps' excess against their tokens (see the module's docstring)."""
+
+    tokens: tuple[tuple[int, int], ...]
+    """(prompt tokens, pieces) of each point's window; pieces 0: the full piece of a split one,
+    1: unsplit, else the last piece of a split one."""
+    step_s: float | None
+    """The fixed cost per step; ``None``: not told from 0."""
+    inv_rate: float
+    """s per prompt token (meaningful only with ``step_s``)."""
+    residual_rel: float | None
+    """Relative RMS of the points about the fit."""
+    note: str | None
+    """Why ``step_s`` is ``None``."""
+
+    def tokens_range(self, chunk: int | None) -> list[int] | None:
+        """Fewest and most prompt tokens one of the points carried, at ``chunk``."""
+        sizes = [
+            p if k == 1 else (chunk or 0) if k == 0 else p - (k - 1) * (chunk or 0)
+            for p, k in self.tokens
+        ]
+        return [min(sizes), max(sizes)] if sizes else None
+
+
+def _step_line(windows: list[WindowFit], split: list[WindowFit], chunk: int | None) -> _StepLine:
+    """Least squares of each prefill step's excess = ``step_s + tokens / rate``.
+
+    A split window of ``P`` tokens in ``k`` pieces gives two points with the chunk unknown:
+    its full piece, ``step_s + chunk / rate``, and its last, ``step_s + (P - (k - 1) chunk)
+    / rate``; linear in ``(step_s, 1 / rate, chunk / rate)``. An unsplit window is one point.
+    The last piece is used only when ``k`` agrees with ``chunk`` (the first estimate): a
+    piece too small to tell from a decode step goes uncounted, and its window's last step
+    seen is a full one.
+    """
+    xs: list[list[float]] = []
+    ys: list[float] = []
+    tokens: list[tuple[int, int]] = []
+    for w in windows:
+        if w.alone:
+            continue
+        if w in split:
+            xs.append([1.0, 0.0, 1.0])
+            ys.append(w.full_piece_s)
+            tokens.append((w.prompt_tokens, 0))
+            if w.pieces == _steps(w.prompt_tokens, chunk):
+                xs.append([1.0, float(w.prompt_tokens), 1.0 - w.pieces])
+                ys.append(w.last_piece_s)
+                tokens.append((w.prompt_tokens, w.pieces))
+        else:
+            xs.append([1.0, float(w.prompt_tokens), 0.0])
+            ys.append(w.excess_s)
+            tokens.append((w.prompt_tokens, 1))
+    if not xs:  # an idle backend: first tokens, one step each as far as is known
+        for w in windows:
+            xs.append([1.0, float(w.prompt_tokens), 0.0])
+            ys.append(w.excess_s)
+            tokens.append((w.prompt_tokens, 1))
+    n_params = 3 if split else 2
+    xs = [x[:n_params] for x in xs]
+    seen = f"{len(ys)} prefill steps"
+    solved = least_squares(xs, ys) if len(ys) > n_params else None
+    if solved is None:
+        note = f"{seen}: too few, or too alike, to tell a fixed cost per step from the rate"
+        return _StepLine(tuple(tokens), None, 0.0, None, note + "; taken as 0")
+    beta, se_step = solved
+    step_s, inv_rate = beta[0], beta[1]
+    if inv_rate <= 0 or step_s < 2 * se_step:
+        why = (
+            "bigger steps dearer per token, e.g. attention over a long prompt"
+            if step_s < -se_step - 1e-6
+            else f"not {STEP_SIGNIFICANCE:g} standard errors above it"
+        )
+        note = (
+            f"{seen}: the fixed cost per step, {step_s * 1e3:.1f} +- {se_step * 1e3:.1f} ms, "
+            f"is not told from 0 ({why})"
+        )
+        return _StepLine(tuple(tokens), None, 0.0, None, note + "; taken as 0")
+    residual = _rms(
+        [
+            (y - sum(b * xi for b, xi in zip(beta, x, strict=True))) / y
+            for x, y in zip(xs, ys, strict=True)
+            if y > 0
+        ]
+    )
+    return _StepLine(tuple(tokens), step_s, inv_rate, residual, None)
+
+
+def _totals_residual(
+    windows: list[WindowFit], chunk: int | None, step_s: float, inv_rate: float
+) -> float:
+    """Relative RMS of the windows' total excess about ``steps x step_s + P x inv_rate``."""
+    rel = [
+        (w.excess_s - _steps(w.prompt_tokens, chunk) * step_s - w.prompt_tokens * inv_rate)
+        / w.excess_s
+        for w in windows
+        if w.excess_s > 0
+    ]
+    return _rms(rel) or 0.0
+
+
+def _steps(prompt_tokens: int, chunk: int | None) -> int:
+    """Steps a prompt takes at ``chunk`` (``None``: one)."""
+    return 1 if chunk is None else max(1, math.ceil(prompt_tokens / chunk))
 
 
 def _rms(values: list[float]) -> float | None:

@@ -44,6 +44,9 @@ MAX_PERIOD_GAPS = 8192
 """Gaps one busy period collects at most (beyond: the period is not used)."""
 MAX_REFERENCES = 8
 """Reference streams kept per window observation."""
+REFERENCE_TOLERANCE_NS = 25_000_000
+"""Most a stream's token of the culprit's last prefill step may be read *before* its first
+token (ns): the engine emits them together, the proxy reads the sockets one after another."""
 MAX_DONE = 16
 """Closed busy periods awaiting compression."""
 MAX_WINDOWS = 128
@@ -314,7 +317,10 @@ class AdvisorObservations:
             if gaps[0][0] > tf:
                 continue  # started decoding inside the window: not a reference
             decoding_at_start += 1
-            if gaps[-1][1] < t1 or len(references) >= MAX_REFERENCES:
+            # Its token of the last prefill step may be read just before the first token
+            # (and its next step come after the margin): within half its shortest gap.
+            tol_ns = min(REFERENCE_TOLERANCE_NS, min(e - s for s, e, _ in gaps) // 2)
+            if gaps[-1][1] < t1 - tol_ns or len(references) >= MAX_REFERENCES:
                 continue  # stopped before the first token: cannot show every step
             references.append(tuple(GapSample(s, e, n) for s, e, n in gaps if e > tf))
         self._windows.append(

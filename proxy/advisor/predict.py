@@ -5,7 +5,7 @@ arriving, at chunk size ``C`` (``None``: the whole prompt in one step) the promp
 is computed in pieces of ``C``; every step that carries a piece also decodes the
 ``streams`` existing ones::
 
-    step_j           = base + per_stream x streams + piece_j / rate
+    step_j           = base + per_stream x streams + prefill_step + piece_j / rate
     worst gap        = max_j step_j                    (an existing stream's longest gap)
     rate during it   = steps / sum_j step_j            (tokens per existing stream per second)
     TTFT             = decode step / 2 + sum_j step_j  (it first waits, on average, half a
@@ -13,12 +13,13 @@ is computed in pieces of ``C``; every step that carries a piece also decodes the
 
 A separate prefill pool (disaggregation) computes the prompt alone, in one
 step, and hands the KV cache over: the decode pool's streams see one decode
-step at worst, TTFT = ``base + prompt / rate + kv_transfer``.
+step at worst, TTFT = ``base + prefill_step + prompt / rate + kv_transfer``.
 
 Capacity: the most decoding streams whose decode step stays within the TPOT
 target; with the observed prefill load (uncached prompt tokens per second) the
 engine spends ``load / rate`` of each second on prefill, stretching every step
-by ``1 / (1 - load / rate)``.
+by ``1 / (1 - load / rate)`` (the fixed cost per prefill step left out: how many
+steps the load takes depends on its prompts and the chunk).
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ class Recommendation:
     next_larger: Row | None
     """The next larger candidate (``None`` when the recommendation is the largest)."""
     largest_chunk_within_target: int | None
-    """The largest chunk of any size within the target: ``(target - decode step) x rate``."""
+    """The largest chunk of any size within the target:
+    ``(target - decode step - prefill_step) x rate``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,13 +103,13 @@ def table(
     fitted: Fit, prompt_tokens: int, streams: int, chunk_sizes: Sequence[int | None]
 ) -> list[Row]:
     """The seed's table for ``chunk_sizes``; ValueError when the fit lacks a parameter."""
-    base, per_stream, rate = _params(fitted)
+    base, per_stream, rate, step_s = _params(fitted)
     if prompt_tokens < 1 or streams < 0:
         raise ValueError("table: prompt_tokens must be >= 1 and streams >= 0")
     decode_s = base + per_stream * streams
     rows = []
     for chunk in chunk_sizes:
-        steps = [decode_s + piece / rate for piece in pieces(prompt_tokens, chunk)]
+        steps = [decode_s + step_s + piece / rate for piece in pieces(prompt_tokens, chunk)]
         window_s = sum(steps)
         rows.append(
             Row(
@@ -133,11 +135,11 @@ def pieces(prompt_tokens: int, chunk_size: int | None) -> list[int]:
 
 def recommend(fitted: Fit, rows: Sequence[Row], itl_target_s: float) -> Recommendation:
     """The largest candidate (unchunked largest of all) whose worst gap is within the target."""
-    base, per_stream, rate = _params(fitted)
+    base, per_stream, rate, step_s = _params(fitted)
     ordered = sorted(rows, key=lambda r: math.inf if r.chunk_size is None else r.chunk_size)
     fitting = [i for i, r in enumerate(ordered) if r.worst_gap_s <= itl_target_s]
     streams = rows[0].streams if rows else 0
-    room_s = itl_target_s - (base + per_stream * streams)
+    room_s = itl_target_s - (base + per_stream * streams + step_s)
     largest = math.floor(room_s * rate) if room_s > 0 else None
     if not fitting:
         return Recommendation(itl_target_s, False, None, ordered[0] if ordered else None, largest)
@@ -148,7 +150,7 @@ def recommend(fitted: Fit, rows: Sequence[Row], itl_target_s: float) -> Recommen
 
 def capacity(fitted: Fit, tpot_target_s: float, prefill_load_tokens_per_s: float) -> Capacity:
     """Most decoding streams within ``tpot_target_s``, without and with the prefill load."""
-    base, per_stream, rate = _params(fitted)
+    base, per_stream, rate, _ = _params(fitted)
     share = prefill_load_tokens_per_s / rate
 
     def most(budget_s: float) -> int | None:
@@ -166,18 +168,20 @@ def prefill_pool(
     fitted: Fit, prompt_tokens: int, streams: int, kv_transfer_s: float
 ) -> PrefillPool:
     """A separate prefill pool: the decode pool's worst gap is one step; TTFT prefill + transfer."""
-    base, per_stream, rate = _params(fitted)
+    base, per_stream, rate, step_s = _params(fitted)
     decode_s = base + per_stream * streams
     return PrefillPool(
         kv_transfer_s=kv_transfer_s,
         worst_gap_s=decode_s,
         rate_during_prefill_per_s=1 / decode_s,
-        ttft_s=base + prompt_tokens / rate + kv_transfer_s,
+        ttft_s=base + step_s + prompt_tokens / rate + kv_transfer_s,
     )
 
 
-def _params(fitted: Fit) -> tuple[float, float, float]:
+def _params(fitted: Fit) -> tuple[float, float, float, float]:
+    """(base, per_stream, rate, prefill_step); ValueError naming what is missing."""
     r = fitted.fit_record
     if r.decode_base_s is None or r.decode_per_stream_s is None or r.prefill_tokens_per_s is None:
         raise ValueError("not enough data: " + "; ".join(fitted.missing))
-    return r.decode_base_s, r.decode_per_stream_s, r.prefill_tokens_per_s
+    step_s = fitted.prefill_step_s or 0.0
+    return r.decode_base_s, r.decode_per_stream_s, r.prefill_tokens_per_s, step_s

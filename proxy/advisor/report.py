@@ -107,6 +107,7 @@ def advise(fitted: Fit, snapshot: ObservationSnapshot, options: AdviceOptions) -
         "missing": missing,
         "fit": {
             "prefill_tokens_per_s": record.prefill_tokens_per_s,
+            "prefill_step_s": fitted.prefill_step_s,
             "decode_step_s": {
                 "base": record.decode_base_s,
                 "per_stream": record.decode_per_stream_s,
@@ -199,6 +200,8 @@ def render(advice: dict[str, Any]) -> str:
         )
     if f["prefill_tokens_per_s"] is not None:
         fitted.append(f"prefill {f['prefill_tokens_per_s']:,.0f} tokens/s")
+    if f["prefill_step_s"]:
+        fitted.append(f"{f['prefill_step_s'] * 1000:,.1f} ms a prefill step")
     if f["chunked"] is True:
         fitted.append(f"chunk size {f['chunk_size']} in use")
     elif f["chunked"] is False:

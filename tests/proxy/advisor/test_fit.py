@@ -216,3 +216,76 @@ def test_defaults_capacity_and_the_json_of_advise():
     assert "recommended:" in render(given)
     assert exit_status([given]) == 0
     assert exit_status([advice]) == 3
+
+
+def test_a_stream_read_just_before_the_first_token_is_a_reference():
+    # llama.cpp emits the last prefill step's tokens together; the proxy may read the other
+    # streams' a few ms before the culprit's first token, and their next step only after the
+    # period's margin: they still saw every step of the prefill.
+    obs = AdvisorObservations(BACKEND)
+    ms = 1_000_000
+    for s in ("a", "b"):
+        obs.first_token(s, 0)
+    t = 0
+    for _ in range(10):
+        for s in ("a", "b"):
+            obs.gap(s, t, t + 100 * ms)
+        t += 100 * ms
+    obs.forwarded("long", t + 10 * ms)
+    for s in ("a", "b"):
+        obs.gap(s, t, t + 2000 * ms)  # the prefill step, read 3 ms before the first token
+    obs.first_token("long", t + 2003 * ms)
+    for s in ("a", "b"):
+        obs.gap(s, t + 2000 * ms, t + 2100 * ms)  # the next step: past the margin
+    (window,) = obs.snapshot(t + 3000 * ms).windows
+    assert window.decoding_at_start == 2
+    assert len(window.references) == 2
+
+
+class _StepCost(CostModel):
+    """The simulator's model plus a fixed cost in every step that carries prefill."""
+
+    __slots__ = ()
+    EXTRA_S = 0.040
+
+    def step_s(self, decode_batch: int, prefill_tokens: int) -> float:
+        extra = self.EXTRA_S if prefill_tokens else 0.0
+        return super().step_s(decode_batch, prefill_tokens) + extra
+
+
+def test_the_simulator_has_no_fixed_cost_per_prefill_step():
+    fitted = fit(drive(COST, workload([3100, 4500, 2600, 5300])).snapshot())
+    assert fitted.prefill_step_s == pytest.approx(0, abs=1e-6)
+    assert fitted.fit_record.prefill_tokens_per_s == pytest.approx(16_000, rel=1e-3)
+
+
+def test_a_fixed_cost_per_prefill_step_is_fitted_and_predicted():
+    cost = _StepCost(0.015, 0.0007, 1 / 16_000, chunk_size=700)
+    fitted = fit(drive(cost, workload([3100, 4500, 2600, 5300])).snapshot())
+    r = fitted.fit_record
+    assert fitted.prefill_step_s == pytest.approx(0.040, rel=1e-3)
+    assert r.prefill_tokens_per_s == pytest.approx(16_000, rel=1e-3)
+    assert r.chunk_size == pytest.approx(700, abs=2)
+    assert fitted.observations["prefill_step_note"] is None
+    # Two windows alone (the dearer prefills overlap the next prompt): a full and a last piece
+    # of each.
+    assert fitted.observations["prefill_windows"] == 2
+    assert fitted.observations["prefill_steps"] == 4
+    assert fitted.observations["prefill_step_tokens"] == [300, 700]
+    (row,) = table(fitted, 4000, 10, [None])
+    assert row.worst_gap_s == pytest.approx(0.015 + 0.007 + 0.040 + 4000 / 16_000, rel=1e-3)
+    (row,) = table(fitted, 4000, 10, [700])
+    assert row.ttft_s == pytest.approx(6 * (0.022 + 0.040) + 4000 / 16_000 + 0.011, rel=1e-3)
+
+
+def test_prompts_in_one_piece_size_leave_the_step_cost_at_0_and_say_why():
+    # Every prompt 2 pieces of 700 and a remainder of 300: the steps cannot tell a fixed cost
+    # from the rate (the last piece always 300 tokens).
+    cost = _StepCost(0.015, 0.0007, 1 / 16_000, chunk_size=700)
+    fitted = fit(drive(cost, workload([1700, 1700, 1700])).snapshot())
+    assert fitted.prefill_step_s == 0.0
+    note = fitted.observations["prefill_step_note"]
+    assert isinstance(note, str)
+    assert note.endswith("taken as 0")
+    advice = advise(fitted, drive(cost, workload([1700])).snapshot(), AdviceOptions(0.05, 4000, 8))
+    assert advice["fit"]["prefill_step_s"] == 0.0
