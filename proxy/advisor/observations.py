@@ -124,18 +124,41 @@ class _Period:
 
     Its gaps are columns, not a tuple each: a thousand streams opening at once
     keep one period open with ``MAX_PERIOD_GAPS`` gaps in it, 32 bytes a gap
-    here against ~140 as tuples of int objects.
+    here against ~140 as tuples of int objects. Only its first window is kept
+    whole: a second one spoils the period (it cannot be split between them),
+    so from then on only the open windows are known, and no gaps. Under
+    continuous load a period never closes, so nothing in it may grow with the
+    requests it has seen.
     """
 
-    __slots__ = ("gap_ids", "gap_stamps", "last_first_token_ns", "open", "spoiled", "windows")
+    __slots__ = (
+        "first_id",
+        "first_t1",
+        "first_tf",
+        "gap_ids",
+        "gap_stamps",
+        "last_first_token_ns",
+        "open",
+        "spoiled",
+        "windows",
+    )
 
     def __init__(self) -> None:
-        self.windows: dict[str, list[int]] = {}  # request -> [tf, t1 or -1]
+        self.open: dict[str, None] = {}  # windows not closed yet (at most the requests in flight)
+        self.windows = 0  # windows opened in the period
+        self.first_id = ""  # the first window: request, tf, t1 (-1 while open)
+        self.first_tf = -1
+        self.first_t1 = -1
         self.gap_ids: list[str] = []  # the stream of each gap
         self.gap_stamps = array("q")  # start_ns, end_ns, decoding streams: three per gap
-        self.open = 0
         self.last_first_token_ns = -1
         self.spoiled = False
+
+    def spoil(self) -> None:
+        """The period will only be counted: its gaps are let go."""
+        self.spoiled = True
+        self.gap_ids = []
+        self.gap_stamps = array("q")
 
 
 class AdvisorObservations:
@@ -166,11 +189,18 @@ class AdvisorObservations:
         period = self._period
         if period is None:
             period = self._period = _Period()
-        if request_id in period.windows:  # a retry: the window restarts
-            period.windows[request_id][0] = forwarded_ns
+        if request_id == period.first_id:  # a retry: the window restarts
+            period.first_tf = forwarded_ns
             return
-        period.windows[request_id] = [forwarded_ns, -1]
-        period.open += 1
+        if request_id in period.open:
+            return
+        period.open[request_id] = None
+        period.windows += 1
+        if period.windows == 1:
+            period.first_id = request_id
+            period.first_tf = forwarded_ns
+        elif not period.spoiled:
+            period.spoil()
 
     def first_token(self, request_id: str, first_token_ns: int) -> None:
         """A window closes and its stream starts decoding."""
@@ -187,11 +217,13 @@ class AdvisorObservations:
         period = self._period
         if period is not None:
             if period.open or end_ns <= period.last_first_token_ns + MARGIN_NS:
+                if period.spoiled:
+                    return
                 if len(period.gap_ids) < MAX_PERIOD_GAPS:
                     period.gap_ids.append(request_id)
                     period.gap_stamps.extend((start_ns, end_ns, n))
                 else:
-                    period.spoiled = True
+                    period.spoil()
                 return
             self._done.append(period)
             self._period = None
@@ -268,6 +300,7 @@ class AdvisorObservations:
         return {
             "active_streams": len(self._active),
             "period_gaps": 0 if period is None else len(period.gap_ids),
+            "period_open_windows": 0 if period is None else len(period.open),
             "done_periods": len(self._done),
             "clean_gaps": sum(len(g) for g in self._clean.values()),
             "windows": len(self._windows),
@@ -284,13 +317,13 @@ class AdvisorObservations:
         period = self._period
         if period is None:
             return
-        window = period.windows.get(request_id)
-        if window is None or window[1] >= 0:
+        if request_id not in period.open:
             return
-        window[1] = stamp_ns
-        period.open -= 1
-        if not produced:
-            period.spoiled = True
+        del period.open[request_id]
+        if request_id == period.first_id:
+            period.first_t1 = stamp_ns
+        if not produced and not period.spoiled:
+            period.spoil()
         period.last_first_token_ns = max(period.last_first_token_ns, stamp_ns)
         self._last_close_ns = max(self._last_close_ns, stamp_ns)
 
@@ -301,10 +334,10 @@ class AdvisorObservations:
             self._prompts.popitem(last=False)
 
     def _compress(self, period: _Period) -> None:
-        if period.spoiled or len(period.windows) != 1:
+        if period.spoiled or period.windows != 1 or period.first_t1 < 0:
             self._overlapping += 1
             return
-        ((request_id, (tf, t1)),) = period.windows.items()
+        request_id, tf, t1 = period.first_id, period.first_tf, period.first_t1
         by_stream: dict[str, list[tuple[int, int, int]]] = {}
         stamps = period.gap_stamps
         for k, rid in enumerate(period.gap_ids):

@@ -170,6 +170,9 @@ def test_memory_stays_bounded():
             obs.gap(f"s{j}", t, t + 1000)
         t += 1000
         obs.first_token(f"r{k - 1}", t)
+        # The period never closes: it keeps nothing per request it saw (the soak's leak).
+        assert obs.tracked["period_open_windows"] <= 2
+        assert k == 0 or obs.tracked["period_gaps"] == 0
     for k in range(20_000):  # then clean gaps at ever more stream counts
         obs.first_token(f"x{k}", t)
         obs.gap(f"x{k}", t, t + 5)
