@@ -26,6 +26,7 @@ HOT_MODULES = [
     "proxy/core/timing.py",
     "proxy/core/decoders/sse.py",
     "proxy/core/decoders/openai.py",
+    "proxy/core/decoders/shape.py",
     "proxy/core/backend_view.py",
     "proxy/core/stall_detector.py",
     "proxy/core/usage.py",

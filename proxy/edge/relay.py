@@ -24,6 +24,7 @@ from aiohttp.abc import AbstractStreamWriter
 from proxy.core.decoders.ndjson import NdjsonDecoder, NdjsonLine
 from proxy.core.decoders.openai import OUTPUT
 from proxy.core.decoders.registry import Format, interpret_json_body
+from proxy.core.decoders.shape import TokenShape
 from proxy.core.decoders.sse import SseDecoder, SseEvent
 from proxy.core.records import Outcome
 from proxy.core.timing import StreamTimer
@@ -36,6 +37,9 @@ if TYPE_CHECKING:
 
 
 log = logging.getLogger("tokenstamp.proxy")
+
+SHAPE_TRIES = 4
+"""Reads a stream may spend learning its token shape (an attempt costs one more parse)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,9 +221,15 @@ class TimedRelay(BodyRelay):
 
 
 class SseRelay(TimedRelay):
-    """Relays an event stream while timing every output event of ``fmt``."""
+    """Relays an event stream while timing every output event of ``fmt``.
 
-    __slots__ = ("_cutter", "_decoder", "_oversized")
+    Once a stream's usual token event has been decoded and found a plain
+    output event, its shape is learned (``proxy.core.decoders.shape``, at most
+    ``SHAPE_TRIES`` attempts a stream): a later read that is one event of that
+    shape is timed as an output event from its bytes, without being decoded.
+    """
+
+    __slots__ = ("_cutter", "_decoder", "_learn", "_oversized", "_shape", "_shape_tries")
 
     def __init__(
         self,
@@ -239,23 +249,35 @@ class SseRelay(TimedRelay):
     def _start(self) -> None:
         self._decoder = SseDecoder(self._state.config.max_event_bytes)
         self._oversized = 0
+        self._learn = self._fmt.token_shape
+        self._shape: TokenShape | None = None
+        self._shape_tries = SHAPE_TRIES if self._learn is not None else 0
 
     def body(self, data: bytes, read_ns: int) -> None:
         """Write first (minus a usage event the proxy asked for), then time the events."""
         decoder = self._decoder
         timer = self._timer
-        interpret = self._interpret
         cutter = self._cutter
+        shape = self._shape
         if cutter is None:
             self.write(data)
+            if shape is not None and shape.matches(data) and decoder.skip_event(len(data)):
+                timer.output(read_ns)  # the usual token, recognised by its bytes
+                return
             events = decoder.feed(data)
             known = bool(timer.response_id or timer.response_model)
+            interpret = self._interpret
             infos = [interpret(ev.data, ev.event, known_ids=known) for ev in events]
         else:
             # An event is removed whole, so bytes of one still in progress are held
             # (see ``proxy.core.usage``): decode before writing.
+            if shape is not None and shape.matches(data) and decoder.skip_event(len(data)):
+                self.write(cutter.push(data, decoder.boundary_offset))
+                timer.output(read_ns)
+                return
             events = decoder.feed(data)
             known = bool(timer.response_id or timer.response_model)
+            interpret = self._interpret
             infos = []
             for ev in events:
                 info = interpret(ev.data, ev.event, known_ids=known)
@@ -274,6 +296,12 @@ class SseRelay(TimedRelay):
             for _ in range(decoder.errors - self._oversized):
                 self._sink.decoder_error(self._backend, "oversized_event")
             self._oversized = decoder.errors
+        if self._shape_tries and shape is None and len(infos) == 1 and infos[0] is OUTPUT:
+            # One plain output event in one read (``OUTPUT`` comes only once the ids are
+            # known, and they stay known): the stream's usual token, perhaps.
+            self._shape_tries -= 1
+            assert self._learn is not None
+            self._shape = self._learn(data)
 
     def _cut(self, cutter: EventCutter, ev: SseEvent) -> None:
         state = self._state

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 from proxy.core.decoders import anthropic, llamacpp, ollama, responses, tgi
 from proxy.core.decoders.meaning import load_object
 from proxy.core.decoders.openai import ChunkInfo, interpret, interpret_object
+from proxy.core.decoders.shape import TokenShape
 from proxy.core.records import Operation
 
 
@@ -98,6 +99,9 @@ class Format:
     """The request body names the model in ``model`` (TGI's native routes do not)."""
     injects_usage: bool = False
     """``stream_options.include_usage`` may be injected (OpenAI chat and completions)."""
+    token_shape: Callable[[bytes], TokenShape | None] | None = None
+    """Learns a stream's usual output event, to recognise the next ones by their bytes
+    (``proxy.core.decoders.shape``); ``None``: every event is decoded."""
 
     def request_model(self, body: Mapping[str, Any]) -> object:
         """The model the request asks for (anything the client sent; ``None`` when absent)."""
@@ -122,6 +126,7 @@ OPENAI_CHAT = Format(
     interpret=interpret,
     interpret_body=_openai_body,
     injects_usage=True,
+    token_shape=TokenShape.learn,
 )
 """OpenAI-compatible chat completions (vLLM, SGLang, TGI, llama.cpp, Ollama ``/v1``)."""
 OPENAI_COMPLETIONS = Format(
@@ -131,6 +136,7 @@ OPENAI_COMPLETIONS = Format(
     interpret=interpret,
     interpret_body=_openai_body,
     injects_usage=True,
+    token_shape=TokenShape.learn,
 )
 """OpenAI-compatible (legacy) completions."""
 ANTHROPIC_MESSAGES = Format(

@@ -129,6 +129,29 @@ class SseDecoder:
                     return fast
         return self._feed(chunk)
 
+    def skip_event(self, n: int) -> bool:
+        """Take the next ``n`` bytes as one whole event the caller has recognised itself.
+
+        For a read the caller knows to be exactly one event and one ``data`` line
+        (``proxy.core.decoders.shape``): the offsets move on as ``feed`` would
+        have moved them, and no event is built. Returns ``False``, having changed
+        nothing, when the decoder is inside a line or an event (then ``feed`` it),
+        or when the event would be oversized.
+        """
+        if (
+            self._line
+            or self._after_cr
+            or self._data
+            or self._event
+            or self._skipping
+            or self._mid_line
+            or not self._started
+            or n - 2 > self.max_event_bytes
+        ):
+            return False
+        self._offset = self.boundary_offset = self._event_start = self._offset + n
+        return True
+
     def _feed_simple(self, chunk: bytes) -> list[SseEvent] | None:
         """The common shape, fast: whole ``data:`` events, one line each, LF endings.
 

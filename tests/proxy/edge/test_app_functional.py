@@ -129,6 +129,42 @@ async def test_stream_bytes_exact_and_timing_recorded(upstream, proxy_factory):
     assert sample(p, "tokenstamp_requests_slo_total", tokenstamp_slo="met") == 1
 
 
+async def test_usual_tokens_recognised_by_shape_count_as_the_parse_would(upstream, proxy_factory):
+    """After the first plain token the relay recognises the next by their bytes
+    (``proxy.core.decoders.shape``); escapes, an empty delta, a malformed twin and the
+    finish still take the general path: counts and bytes are what decoding gives."""
+    contents = ["a", "b", r"say \"hi\"", "c", r"line\n", "", "d", "e"]
+    parts = [(0.0, chat_chunk("", role=True))]
+    for i, c in enumerate(contents):
+        raw = (
+            b'data: {"id":"chatcmpl-1","model":"m","created":%d,"choices":[{"index":0,'
+            b'"delta":{"content":"%s"},"finish_reason":null}]}\n\n' % (1700000000 + i, c.encode())
+        )
+        parts.append((0.01, raw))
+    # Shaped like a plain token, but not JSON: counted, never timed.
+    plain = parts[-1][1]
+    parts.append((0.01, plain.replace(b'"index"', b"'index'")))
+    parts.append((0.01, plain.replace(b'"content":"e"', b'"content":"e"e"')))
+    parts.append((0.01, chat_chunk("", finish="stop")))
+    parts.append((0.0, USAGE))
+    parts.append((0.0, b"data: [DONE]\n\n"))
+    upstream.script = Script(parts)
+    p = await proxy_factory(upstream.url)
+    status, got, _ = await post(p.url + "/v1/chat/completions", body())
+    assert status == 200
+    assert got == b"".join(d for _, d in parts if d != USAGE)
+    outputs = sum(1 for c in contents if c)
+    gap = "gen_ai_client_operation_time_per_output_chunk_seconds"
+    assert sample(p, gap + "_count") == outputs - 1
+    errors = {
+        s.labels["error_type"]: s.value
+        for m in p.registry.collect() if m.name == "tokenstamp_decoder_errors"
+        for s in m.samples if s.name == "tokenstamp_decoder_errors_total"
+    }  # fmt: skip
+    assert errors == {"invalid_json": 2}
+    assert sample(p, "gen_ai_client_token_usage_sum", gen_ai_token_type="output") == 4
+
+
 async def test_client_choice_of_usage_is_respected(upstream, proxy_factory):
     upstream.script = Script(vllm_like([0.01, 0.01], usage=True))
     p = await proxy_factory(upstream.url)

@@ -188,3 +188,23 @@ def test_cut_and_splice_mutations_never_raise(raw, data):
 def test_limit_must_be_positive():
     with pytest.raises(ValueError, match="max_event_bytes"):
         SseDecoder(0)
+
+
+def test_skip_event_moves_on_as_feed_would_and_only_at_rest():
+    event = b'data: {"a":1}\n\n'
+    fed, skipped = SseDecoder(), SseDecoder()
+    for d in (fed, skipped):
+        d.feed(b": hi\n\n")
+    fed.feed(event)
+    assert skipped.skip_event(len(event))
+    assert (skipped.offset, skipped.boundary_offset) == (fed.offset, fed.boundary_offset)
+    # Then both decode the same next events.
+    assert skipped.feed(event) == fed.feed(event)
+    assert not SseDecoder().skip_event(len(event))  # before the first line: BOM check pending
+    mid = SseDecoder()
+    mid.feed(b": hi\n\ndata: {")
+    assert not mid.skip_event(len(event))
+    assert mid.feed(b'"a":1}\n\n')[0].data == '{"a":1}'
+    small = SseDecoder(max_event_bytes=4)
+    small.feed(b": hi\n\n")
+    assert not small.skip_event(len(event))

@@ -1,0 +1,152 @@
+"""A stream's usual token event, learned once, recognised by its bytes without parsing.
+
+An OpenAI-compatible stream repeats one event shape per token: the same keys
+and values, byte for byte, around the one string that changes (the delta's
+``content``, or a completion's ``text``), plus digits that tick (``created``
+on llama.cpp, a stamp field). ``TokenShape.learn`` takes one such event, read
+whole in one read, and checks with a full parse that it is a plain output
+event; ``TokenShape.matches`` then recognises the stream's later events of the
+same shape from their bytes, so the usual token costs a byte translation and
+two comparisons instead of a UTF-8 decode, a JSON parse and a walk.
+
+Why the bytes decide exactly what the parse would (``proxy.core.decoders.openai``):
+
+- Outside the output string an event may differ from the learned one only in
+  digits, position by position. Swapping a digit for a digit never changes
+  JSON structure: a number stays a number, a string stays the same string
+  length with no quote or backslash added. So keys, nesting, ``null``s and
+  the one choice stay as learned (no ``usage``, no ``error``, a ``null``
+  finish reason). The one way a digit can break JSON is a leading zero of a
+  multi-digit number: those positions must not be ``0``.
+- The learned event holds no backslash (no escape whose meaning digits could
+  change) and exactly one ``"content":`` (``"text":``) followed by a string:
+  in valid JSON a quote before the name can only open that key.
+- The output string in between must be non-empty and hold no quote, no
+  backslash and no control byte: it is then one complete JSON string, as is,
+  and non-empty content is an output event whatever else the event says.
+
+Anything else (an escape in the content, a finish reason, usage, a changed
+id) does not match, and the caller decodes the event the general way. Pure:
+bytes in, a bool out; never raises on input.
+"""
+
+from __future__ import annotations
+
+import re
+
+from orjson import loads
+
+_DIGITS = bytes.maketrans(b"0123456789", b"0000000000")
+"""Every digit to ``0``: what may differ between two events of one shape."""
+_NOT_PLAIN = re.compile(rb'[\x00-\x1f"\\]')
+"""What the output string may not hold (it would end or escape the JSON string)."""
+_CONTENT = b'"content":'
+_TEXT = b'"text":'
+
+
+class TokenShape:
+    """The fixed bytes around one stream's output string, digits masked."""
+
+    __slots__ = ("_head", "_head_len", "_nonzero", "_tail", "_tail_len")
+
+    def __init__(self, head: bytes, tail: bytes, nonzero: tuple[int, ...]) -> None:
+        self._head = head.translate(_DIGITS)
+        self._tail = tail.translate(_DIGITS)
+        self._head_len = len(head)
+        self._tail_len = len(tail)
+        self._nonzero = nonzero
+
+    @classmethod
+    def learn(cls, event: bytes) -> TokenShape | None:
+        """The shape of ``event`` (one whole SSE event: ``data:`` line and blank line) when
+        it is a plain output event of an OpenAI chat or completions stream, else ``None``."""
+        if not event.startswith(b"data:") or not event.endswith(b"\n\n"):
+            return None
+        start = 6 if event[5:6] == b" " else 5
+        body = event[start:-2]
+        if b"\n" in body or b"\r" in body or b"\\" in body:
+            return None
+        try:
+            obj = loads(body)
+        except ValueError:
+            return None
+        key = _plain_output_key(obj)
+        if key is None or event.count(key) != 1:
+            return None
+        at = event.index(key) + len(key)
+        while event[at] == 0x20:  # ``"content": "``, as Python's json writes it
+            at += 1
+        if event[at] != 0x22:
+            return None
+        open_at = at + 1
+        close_at = event.find(b'"', open_at)
+        if close_at <= open_at:
+            return None
+        head, tail = event[:open_at], event[close_at:]
+        nonzero = _leading_digits(head, 0, False) + _leading_digits(tail, -len(tail), True)
+        return cls(head, tail, nonzero)
+
+    def matches(self, event: bytes) -> bool:
+        """Whether ``event`` (one whole read) is an output event of this shape."""
+        n = len(event)
+        head_len = self._head_len
+        tail_len = self._tail_len
+        end = n - tail_len
+        if end <= head_len:
+            return False
+        masked = event.translate(_DIGITS)
+        if not masked.startswith(self._head) or not masked.endswith(self._tail):
+            return False
+        if _NOT_PLAIN.search(event, head_len, end) is not None:
+            return False
+        for at in self._nonzero:  # noqa: SIM110 (a loop: no generator per token)
+            if event[at if at >= 0 else n + at] == 0x30:
+                return False
+        return True
+
+
+def _plain_output_key(obj: object) -> bytes | None:
+    """``"content":`` or ``"text":`` when ``obj`` is one plain output chunk, else ``None``.
+
+    Plain: a dict with no ``usage`` and no ``error`` (absent or null), one
+    choice, its ``finish_reason`` absent or null, and output in the delta's
+    ``content`` (chat) or in ``text`` (completions).
+    """
+    if type(obj) is not dict or obj.get("usage") is not None or obj.get("error") is not None:
+        return None
+    choices = obj.get("choices")
+    if type(choices) is not list or len(choices) != 1:
+        return None
+    c = choices[0]
+    if type(c) is not dict or c.get("finish_reason") is not None:
+        return None
+    delta = c.get("delta")
+    if type(delta) is dict:
+        content = delta.get("content")
+        return _CONTENT if type(content) is str and content else None
+    if "delta" in c or "message" in c:
+        return None
+    text = c.get("text")
+    return _TEXT if type(text) is str and text else None
+
+
+def _leading_digits(part: bytes, base: int, in_string: bool) -> tuple[int, ...]:
+    """Offsets (``base`` + index) of the first digit of each multi-digit run outside strings.
+
+    ``part`` holds no backslash, so each quote opens or closes a string
+    (``in_string``: whether ``part`` starts inside one). A run that starts
+    right after ``.`` or an exponent is also listed: conservative.
+    """
+    found: list[int] = []
+    prev_digit = False
+    for i, b in enumerate(part):
+        if b == 0x22:
+            in_string = not in_string
+            prev_digit = False
+            continue
+        digit = 0x30 <= b <= 0x39
+        next_digit = i + 1 < len(part) and 0x30 <= part[i + 1] <= 0x39
+        if digit and next_digit and not prev_digit and not in_string:
+            found.append(base + i)
+        prev_digit = digit
+    return tuple(found)

@@ -1,0 +1,147 @@
+"""The token shape: learned from one plain output event, matching exactly what a parse would say."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from proxy.core.decoders.openai import OUTPUT, interpret
+from proxy.core.decoders.shape import TokenShape
+from proxy.core.decoders.sse import SseDecoder
+
+VLLM = (
+    b'data: {"id":"chatcmpl-9f2","object":"chat.completion.chunk","created":1733000009,'
+    b'"model":"qwen","choices":[{"index":0,"delta":{"content":" hello"},"logprobs":null,'
+    b'"finish_reason":null}]}\n\n'
+)
+LLAMACPP = (
+    b'data: {"choices":[{"finish_reason":null,"index":0,"delta":{"content":"Hi"}}],'
+    b'"created":1733000009,"id":"chatcmpl-x1","model":"tiny","system_fingerprint":"b1-7e1",'
+    b'"object":"chat.completion.chunk"}\n\n'
+)
+COMPLETIONS = (
+    b'data: {"id":"cmpl-1","object":"text_completion","created":17,"model":"m",'
+    b'"choices":[{"index":0,"text":" a","logprobs":null,"finish_reason":null}]}\n\n'
+)
+SPACED = (  # Python's json.dumps separators
+    b'data: {"id": "c1", "choices": [{"index": 0, "delta": {"content": "x"}, '
+    b'"finish_reason": null}], "created": 1733000009}\n\n'
+)
+STAMPED = (  # the bench backend's chunk: a digit string that changes every token
+    b'data: {"id":"chatcmpl-a","object":"chat.completion.chunk","created":1,"model":"m",'
+    b'"choices":[{"index":0,"delta":{"content":" the"},"logprobs":null,"finish_reason":null}],'
+    b'"bench_send_ns":"00001234567890123456"}\n\n'
+)
+
+
+def parsed_output(event: bytes) -> bool:
+    """What the general path says: the decoder's events, interpreted with the ids known."""
+    decoder = SseDecoder()
+    decoder.feed(b": ready\n\n")
+    events = decoder.feed(event)
+    return len(events) == 1 and interpret(events[0].data, known_ids=True) is OUTPUT
+
+
+@pytest.mark.parametrize("event", [VLLM, LLAMACPP, COMPLETIONS, SPACED, STAMPED])
+def test_learns_the_usual_token_and_matches_the_next(event):
+    shape = TokenShape.learn(event)
+    assert shape is not None
+    assert shape.matches(event)
+    key = b'"text":' if b'"text":' in event else b'"content":'
+    at = event.index(key) + len(key)
+    at = event.index(b'"', at) + 1
+    end = event.index(b'"', at)
+    other = event[:at] + "ein Wort 🙂".encode() + event[end:]
+    assert shape.matches(other)
+    assert parsed_output(other)
+
+
+def test_ticking_digits_match():
+    shape = TokenShape.learn(STAMPED)
+    assert shape is not None
+    later = STAMPED.replace(b"00001234567890123456", b"00009876543210987654")
+    assert shape.matches(later)
+    assert parsed_output(later)
+    ticked = LLAMACPP.replace(b"1733000009", b"1733000010")
+    llama = TokenShape.learn(LLAMACPP)
+    assert llama is not None
+    assert llama.matches(ticked)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        (b'"finish_reason":null', b'"finish_reason":"stop"'),
+        (b'"finish_reason":null', b'"finish_reason":1234'),
+        (b" hello", b""),  # empty content: not an output event
+        (b" hello", b'a\\"b'),  # an escape: decoded the general way
+        (b" hello", b"a\\nb"),
+        (b" hello", b"a\tb"),  # a raw control byte: not valid JSON
+        (b"chatcmpl-9f2", b"chatcmpl-9f3x"),
+        (b"1733000009", b"0733000009"),  # a leading zero: not valid JSON
+        (b"}]}\n\n", b'}],"usage":{"prompt_tokens":1}}\n\n'),
+        (b"\n\n", b"\r\n\r\n"),
+        (b"data: ", b"event: x\ndata: "),
+    ],
+)
+def test_anything_else_does_not_match(change):
+    shape = TokenShape.learn(VLLM)
+    assert shape is not None
+    old, new = change
+    assert not shape.matches(VLLM.replace(old, new, 1))
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        VLLM.replace(b'"finish_reason":null', b'"finish_reason":"length"'),
+        VLLM.replace(b" hello", b""),
+        VLLM.replace(b" hello", b"new\\nline"),  # an escape anywhere: not learned
+        VLLM.replace(b"}]}\n\n", b'}],"usage":{"prompt_tokens":1}}\n\n'),
+        VLLM.replace(b"}]}\n\n", b'},{"index":1,"delta":{"content":"b"}}]}\n\n'),
+        VLLM.replace(b"}]}\n\n", b'}],"error":{"type":"x"}}\n\n'),
+        VLLM.replace(b'"model":"qwen"', b'"model":"qwen","message":{"content":"x"}'),
+        VLLM.replace(b'{"content":" hello"}', b'{"tool_calls":[{"index":0}]}'),
+        VLLM.replace(b"\n\n", b"\n"),
+        b"data: [DONE]\n\n",
+        b'data: {"choices":[{"delta":{"content":"a"}}]\n\n',  # cut short: not JSON
+    ],
+)
+def test_only_plain_output_events_are_learned(event):
+    assert TokenShape.learn(event) is None
+
+
+_content = st.text(
+    alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=0, max_size=12
+)
+_digits = st.text(alphabet="0123456789", min_size=1, max_size=1)
+
+
+@settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.sampled_from([VLLM, LLAMACPP, COMPLETIONS, SPACED, STAMPED]),
+    st.lists(st.tuples(st.integers(min_value=0, max_value=400), _digits), max_size=6),
+    _content,
+    st.lists(st.tuples(st.integers(min_value=0, max_value=400), st.binary(max_size=2))),
+)
+def test_a_match_is_always_what_the_parse_says(template, digit_edits, content, byte_edits):
+    """Mutate digits, the content and random bytes: whenever the shape matches, the
+    general path finds exactly one output event too."""
+    shape = TokenShape.learn(template)
+    assert shape is not None
+    event = bytearray(template)
+    for where, d in digit_edits:
+        pos = where % len(event)
+        if 0x30 <= event[pos] <= 0x39:
+            event[pos] = ord(d)
+    key = b'"text":' if b'"text":' in template else b'"content":'
+    at = template.index(b'"', template.index(key) + len(key)) + 1
+    end = template.index(b'"', at)
+    event[at:end] = content.encode()
+    for where, new in byte_edits:
+        pos = where % len(event)
+        event[pos : pos + 1] = new
+    raw = bytes(event)
+    if shape.matches(raw):
+        assert parsed_output(raw)
