@@ -59,7 +59,7 @@ from proxy.edge.upstream import (
     UpstreamPool,
     request_head,
 )
-from proxy.edge.watchdog import BodyWatchdog, waiting_for_data
+from proxy.edge.watchdog import BodyWatchdog, ReaderProgress
 
 if TYPE_CHECKING:
     from proxy.edge.tracing import Tracing
@@ -296,12 +296,7 @@ async def _forward(
             async with (
                 asyncio.timeout(limit),
                 asyncio.timeout(None) as silence,
-                BodyWatchdog(
-                    lambda: body_in.total_bytes,
-                    lambda: waiting_for_data(body_in),
-                    silence,
-                    cfg.read_timeout_s,
-                ),
+                BodyWatchdog(ReaderProgress(body_in), silence, cfg.read_timeout_s),
             ):
                 result = await relay_plain(up, resp)
             if result.complete:
@@ -392,6 +387,8 @@ async def _forward_observed(
             reason=conn.reason,
             headers=client_response_headers(up_headers, keep_length=not (is_sse and injected)),
         )
+        del up_headers
+        conn.forget_headers()  # copied into ``resp``: not kept while the body streams
         if is_sse or decoding is Decoding.NDJSON:
             resp.headers["X-Accel-Buffering"] = "no"
         writer = await resp.prepare(request)
@@ -415,16 +412,10 @@ async def _forward_observed(
             relay = JsonRelay(conn, client, timer, state, fmt, chunked=chunked, capture=capture)
         # A body that never ends is cut (outcome timeout) after --max-stream-duration.
         limit = cfg.max_stream_duration_s or None
-        watched = conn
         async with (
             asyncio.timeout(limit),
             asyncio.timeout(None) as silence,
-            BodyWatchdog(
-                lambda: watched.received_bytes,
-                lambda: relay.waiting_for_data,
-                silence,
-                cfg.read_timeout_s,
-            ),
+            BodyWatchdog(relay, silence, cfg.read_timeout_s),
         ):
             complete = await relay.run(writer)
         if not complete:

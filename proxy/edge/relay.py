@@ -186,6 +186,11 @@ class BodyRelay:
         return not self._gone
 
     @property
+    def received_bytes(self) -> int:
+        """Body bytes read from the upstream so far (the watchdog's progress)."""
+        return self._conn.received_bytes
+
+    @property
     def waiting_for_data(self) -> bool:
         """The relay waits on the upstream (not on the client, not done): the watchdog's cue."""
         return not self._finished and not self._conn.paused

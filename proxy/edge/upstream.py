@@ -42,6 +42,10 @@ EARLY_BYTES = 1 << 16
 """Body bytes kept for a relay not attached yet; past this, reading pauses until it is."""
 
 
+_NO_HEADERS: CIMultiDict[str] = CIMultiDict()
+"""What a connection holds once its response's headers were taken (never added to)."""
+
+
 class UpstreamError(Exception):
     """The upstream failed; ``kind`` is the bounded ``error.type`` value."""
 
@@ -111,6 +115,7 @@ class UpstreamConnection(asyncio.Protocol):
         "_error",
         "_head",
         "_headers",
+        "_headers_taken",
         "_keep_alive",
         "_lost",
         "_parser",
@@ -130,6 +135,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._read_ns = 0
         self._reason = b""
         self._headers: CIMultiDict[str] = CIMultiDict()
+        self._headers_taken = False
         self._head: asyncio.Future[None] | None = None
         self._consumer: BodyConsumer | None = None
         self._early: list[tuple[bytes, int]] = []
@@ -197,7 +203,8 @@ class UpstreamConnection(asyncio.Protocol):
         self._reason += status
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._headers.add(name.decode("latin-1"), value.decode("latin-1"))
+        if not self._headers_taken:  # trailers after ``forget_headers``: not kept
+            self._headers.add(name.decode("latin-1"), value.decode("latin-1"))
 
     def on_headers_complete(self) -> None:
         self._status = self._parser.get_status_code()
@@ -241,6 +248,11 @@ class UpstreamConnection(asyncio.Protocol):
         """The response's headers."""
         return CIMultiDictProxy(self._headers)
 
+    def forget_headers(self) -> None:
+        """The response's headers were copied: let them go while the body streams."""
+        self._headers_taken = True
+        self._headers = _NO_HEADERS
+
     @property
     def reusable(self) -> bool:
         """The last response was read to its end and the connection may carry another."""
@@ -259,6 +271,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._parser = httptools.HttpResponseParser(self)
         self._reason = b""
         self._headers = CIMultiDict()
+        self._headers_taken = False
         self._consumer = None
         self._early = []
         self._complete = self._ended = False

@@ -19,8 +19,8 @@ per look (memory per open stream).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from types import TracebackType
+from typing import Protocol
 
 import aiohttp
 
@@ -37,35 +37,59 @@ def waiting_for_data(body: aiohttp.StreamReader) -> bool:
     return getattr(body, "_waiter", _UNKNOWN) is not None
 
 
+class Progress(Protocol):
+    """What the watchdog reads of a body being relayed."""
+
+    @property
+    def received_bytes(self) -> int:
+        """Body bytes arrived so far."""
+
+    @property
+    def waiting_for_data(self) -> bool:
+        """The relay is blocked on the upstream right now (not on the client, not done)."""
+
+
+class ReaderProgress:
+    """``Progress`` of a body read from aiohttp's client (``aiohttp.StreamReader``)."""
+
+    __slots__ = ("_body",)
+
+    def __init__(self, body: aiohttp.StreamReader) -> None:
+        self._body = body
+
+    @property
+    def received_bytes(self) -> int:
+        """Bytes the reader has taken in."""
+        return self._body.total_bytes
+
+    @property
+    def waiting_for_data(self) -> bool:
+        """A read is pending."""
+        return waiting_for_data(self._body)
+
+
 class BodyWatchdog:
     """Expires a silence timeout (an ``asyncio.Timeout``) once a body stops making progress.
 
     An async context manager around the relay, entered inside the timeout it
-    watches: the periodic check starts on entry and stops on exit.
-    ``received`` says how many body bytes arrived so far, ``waiting`` whether
-    the relay is blocked on the upstream right now (not on the client).
+    watches: the periodic check starts on entry and stops on exit. ``body``
+    says how many bytes arrived so far and whether the relay is blocked on the
+    upstream right now (not on the client). It is read, not wrapped: no
+    closure per stream (memory per open stream).
     """
 
     __slots__ = (
+        "_body",
         "_handle",
         "_loop",
         "_period_s",
         "_quiet",
-        "_received",
         "_seen",
         "_timeout",
-        "_waiting",
     )
 
-    def __init__(
-        self,
-        received: Callable[[], int],
-        waiting: Callable[[], bool],
-        timeout: asyncio.Timeout,
-        period_s: float,
-    ) -> None:
-        self._received = received
-        self._waiting = waiting
+    def __init__(self, body: Progress, timeout: asyncio.Timeout, period_s: float) -> None:
+        self._body = body
         self._timeout = timeout
         self._period_s = period_s
         self._loop = asyncio.get_running_loop()
@@ -90,9 +114,10 @@ class BodyWatchdog:
     def _check(self) -> None:
         if self._timeout.expired():
             return  # it fired: the relay is being cancelled
-        total = self._received()
+        body = self._body
+        total = body.received_bytes
         now = self._loop.time()
-        if total != self._seen or not self._waiting():
+        if total != self._seen or not body.waiting_for_data:
             self._seen = total
             self._quiet = 0
         else:

@@ -40,6 +40,8 @@ _DIGITS = bytes.maketrans(b"0123456789", b"0000000000")
 """Every digit to ``0``: what may differ between two events of one shape."""
 _NOT_PLAIN = re.compile(rb'[\x00-\x1f"\\]')
 """What the output string may not hold (it would end or escape the JSON string)."""
+_RUN = re.compile(rb"(?<![0-9])[0-9]{2}")
+"""The start of a run of two digits or more."""
 _CONTENT = b'"content":'
 _TEXT = b'"text":'
 
@@ -138,15 +140,9 @@ def _leading_digits(part: bytes, base: int, in_string: bool) -> tuple[int, ...]:
     right after ``.`` or an exponent is also listed: conservative.
     """
     found: list[int] = []
-    prev_digit = False
-    for i, b in enumerate(part):
-        if b == 0x22:
-            in_string = not in_string
-            prev_digit = False
-            continue
-        digit = 0x30 <= b <= 0x39
-        next_digit = i + 1 < len(part) and 0x30 <= part[i + 1] <= 0x39
-        if digit and next_digit and not prev_digit and not in_string:
-            found.append(base + i)
-        prev_digit = digit
+    at = 0
+    for k, piece in enumerate(part.split(b'"')):
+        if (k % 2 == 1) == in_string:  # outside a string
+            found.extend(base + at + m.start() for m in _RUN.finditer(piece))
+        at += len(piece) + 1
     return tuple(found)
