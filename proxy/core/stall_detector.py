@@ -159,6 +159,14 @@ class Verdict(NamedTuple):
         return self.threshold_ns is not None and self.gap_ns > self.threshold_ns
 
 
+_new_tuple = tuple.__new__
+
+
+def _verdict(gap_ns: int, baseline_ns: int | None, threshold_ns: int | None) -> Verdict:
+    """A ``Verdict`` made without the named tuple's Python-level ``__new__``."""
+    return _new_tuple(Verdict, (gap_ns, baseline_ns, threshold_ns))
+
+
 class _Stream:
     """Baseline state of one stream."""
 
@@ -232,7 +240,7 @@ class StallDetector:
             baseline = self.backend_baseline_ns()
         if baseline is None:
             window.add(gap_ns)
-            return Verdict(gap_ns, None, None)
+            return _verdict(gap_ns, None, None)
         threshold = max(round(self._ratio * baseline), self._floor_ns)
         if gap_ns > threshold:
             own.run += 1
@@ -241,7 +249,7 @@ class StallDetector:
                 window.add(gap_ns)
         else:
             self._learn(own, gap_ns)
-        return Verdict(gap_ns, baseline, threshold)
+        return _verdict(gap_ns, baseline, threshold)
 
     def learn_quiet(self, stream_id: str, gap_ns: int) -> bool:
         """Learn a gap at or under the floor without judging it, when there is a baseline.
@@ -288,8 +296,8 @@ class StallDetector:
         """Judge a gap kept from before any baseline existed, against the backend's."""
         baseline = self.backend_baseline_ns()
         if baseline is None:
-            return Verdict(gap_ns, None, None)
-        verdict = Verdict(gap_ns, baseline, self._settings.threshold_ns(baseline))
+            return _verdict(gap_ns, None, None)
+        verdict = _verdict(gap_ns, baseline, self._settings.threshold_ns(baseline))
         if not verdict.stall:
             self._backend.add(gap_ns)
         return verdict
