@@ -115,7 +115,6 @@ class UpstreamConnection(asyncio.Protocol):
         "_error",
         "_head",
         "_headers",
-        "_headers_taken",
         "_keep_alive",
         "_lost",
         "_parser",
@@ -135,7 +134,6 @@ class UpstreamConnection(asyncio.Protocol):
         self._read_ns = 0
         self._reason = b""
         self._headers: CIMultiDict[str] = CIMultiDict()
-        self._headers_taken = False
         self._head: asyncio.Future[None] | None = None
         self._consumer: BodyConsumer | None = None
         self._early: list[tuple[bytes, int]] = []
@@ -203,7 +201,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._reason += status
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if not self._headers_taken:  # trailers after ``forget_headers``: not kept
+        if self._headers is not _NO_HEADERS:  # trailers after ``forget_headers``: not kept
             self._headers.add(name.decode("latin-1"), value.decode("latin-1"))
 
     def on_headers_complete(self) -> None:
@@ -250,7 +248,6 @@ class UpstreamConnection(asyncio.Protocol):
 
     def forget_headers(self) -> None:
         """The response's headers were copied: let them go while the body streams."""
-        self._headers_taken = True
         self._headers = _NO_HEADERS
 
     @property
@@ -271,7 +268,6 @@ class UpstreamConnection(asyncio.Protocol):
         self._parser = httptools.HttpResponseParser(self)
         self._reason = b""
         self._headers = CIMultiDict()
-        self._headers_taken = False
         self._consumer = None
         self._early = []
         self._complete = self._ended = False
