@@ -59,7 +59,7 @@ from proxy.edge.upstream import (
     UpstreamPool,
     request_head,
 )
-from proxy.edge.watchdog import BodyWatchdog, ReaderProgress
+from proxy.edge.watchdog import ReaderProgress, Watchdogs
 
 if TYPE_CHECKING:
     from proxy.edge.tracing import Tracing
@@ -291,12 +291,11 @@ async def _forward(
             )
             await resp.prepare(request)
             progress.status = resp.status
+            # Cut after --max-stream-duration, or by the watchdog once the body falls silent.
             limit = cfg.max_stream_duration_s or None
-            body_in = up.content
             async with (
-                asyncio.timeout(limit),
-                asyncio.timeout(None) as silence,
-                BodyWatchdog(ReaderProgress(body_in), silence, cfg.read_timeout_s),
+                asyncio.timeout(limit) as deadline,
+                state.watchdogs.watch(ReaderProgress(up.content), deadline),
             ):
                 result = await relay_plain(up, resp)
             if result.complete:
@@ -410,13 +409,10 @@ async def _forward_observed(
             relay = NdjsonRelay(conn, client, timer, state, fmt, chunked=chunked, capture=capture)
         else:
             relay = JsonRelay(conn, client, timer, state, fmt, chunked=chunked, capture=capture)
-        # A body that never ends is cut (outcome timeout) after --max-stream-duration.
+        # A body is cut (outcome timeout) after --max-stream-duration, or by the
+        # watchdog once it falls silent.
         limit = cfg.max_stream_duration_s or None
-        async with (
-            asyncio.timeout(limit),
-            asyncio.timeout(None) as silence,
-            BodyWatchdog(relay, silence, cfg.read_timeout_s),
-        ):
+        async with asyncio.timeout(limit) as deadline, state.watchdogs.watch(relay, deadline):
             complete = await relay.run(writer)
         if not complete:
             return _client_left(resp)
@@ -547,6 +543,7 @@ def create_app(
         clock=clock,
         backend=Backend(provider=config.provider, address=config.backend_label),
         labeler=ModelLabeler(config.model_label_limit, config.model_allowlist),
+        watchdogs=Watchdogs(config.read_timeout_s),
         watcher=watcher,
         stalls=stalls,
         tracing=tracing,

@@ -21,6 +21,7 @@ from proxy.core.records import Backend, Sink
 from proxy.core.timing import StreamWatcher
 from proxy.edge.tasks import TaskSet
 from proxy.edge.upstream import UpstreamPool
+from proxy.edge.watchdog import Watchdogs
 
 if TYPE_CHECKING:
     # Only the type: OpenTelemetry is imported by whoever turns tracing on.
@@ -41,6 +42,8 @@ class ProxyState:
     """The upstream's labels."""
     labeler: ModelLabeler
     """Bounded model labels."""
+    watchdogs: Watchdogs
+    """The read watchdog of every body being relayed (one timer for all)."""
     error_kinds: ErrorKindLabeler = field(default_factory=ErrorKindLabeler)
     """Bounded ``error.type`` values reported by the upstream in its stream."""
     watcher: StreamWatcher | None = None

@@ -2,18 +2,20 @@
 
 aiohttp's client enforces ``sock_read`` itself, but after some protocol errors
 (bad chunked framing mid-body) it drops that timer and the body just never
-ends. ``BodyWatchdog`` looks at the body once per ``--read-timeout`` from a
-timer of its own, so the hot path pays nothing per read. A look that finds
-bytes arrived since the last one, or nobody waiting for them (a slow client:
-the relay waits on the client's socket and reading is paused on purpose),
-starts the count again; the second look in a row that finds the relay still
-waiting for upstream bytes expires the timeout at once, and the relay gets
-``TimeoutError``: outcome ``timeout``, the client's stream is cut. A silence
-is cut between 2x and 3x the read timeout after the last byte.
+ends; the proxy's own upstream client has no read timer at all. So every body
+being relayed is looked at once per ``--read-timeout`` by one timer shared by
+all of them (``Watchdogs``), and the hot path pays nothing per read. A look
+that finds bytes arrived since the last one, or nobody waiting for them (a
+slow client: the relay waits on the client's socket and reading is paused on
+purpose), marks the body alive. A look that finds the relay still waiting for
+upstream bytes two periods or more after that mark expires the body's timeout
+at once, and the relay gets ``TimeoutError``: outcome ``timeout``, the client's
+stream is cut. A silence is cut between 2x and 3x the read timeout after the
+last byte.
 
-One timer per open stream (the look's), not two: the timeout holds no
-deadline until it fires, where pushing a deadline ahead cost a timer handle
-per look (memory per open stream).
+One timer for all streams, not one each: a timer handle per open stream was
+half a KiB (memory per open stream), and the timeout watched holds no
+deadline of its own until it fires.
 """
 
 from __future__ import annotations
@@ -68,37 +70,77 @@ class ReaderProgress:
         return waiting_for_data(self._body)
 
 
+class Watchdogs:
+    """The one timer that looks at every body being relayed, once per ``period_s``.
+
+    Owned by one application; it runs only while some body is watched.
+    """
+
+    __slots__ = ("_handle", "_period_s", "_watched")
+
+    def __init__(self, period_s: float) -> None:
+        self._period_s = period_s
+        self._watched: dict[BodyWatchdog, None] = {}
+        self._handle: asyncio.TimerHandle | None = None
+
+    @property
+    def period_s(self) -> float:
+        """Seconds between two looks at a body."""
+        return self._period_s
+
+    def watch(self, body: Progress, timeout: asyncio.Timeout) -> BodyWatchdog:
+        """An async context manager: ``timeout`` expires once ``body`` stops making progress."""
+        return BodyWatchdog(self, body, timeout)
+
+    def __len__(self) -> int:
+        return len(self._watched)
+
+    def _add(self, dog: BodyWatchdog) -> None:
+        self._watched[dog] = None
+        if self._handle is None:
+            loop = asyncio.get_running_loop()
+            self._handle = loop.call_at(loop.time() + self._period_s, self._look)
+
+    def _remove(self, dog: BodyWatchdog) -> None:
+        self._watched.pop(dog, None)
+        if not self._watched and self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _look(self) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        silence = 2 * self._period_s
+        for dog in list(self._watched):
+            if dog.silent_for(now) >= silence:
+                self._watched.pop(dog, None)
+                dog.expire(now)
+        self._handle = loop.call_at(now + self._period_s, self._look) if self._watched else None
+
+
 class BodyWatchdog:
-    """Expires a silence timeout (an ``asyncio.Timeout``) once a body stops making progress.
+    """Expires a timeout (an ``asyncio.Timeout``) once a body stops making progress.
 
     An async context manager around the relay, entered inside the timeout it
-    watches: the periodic check starts on entry and stops on exit. ``body``
+    watches: the body is watched (``Watchdogs``) from entry to exit. ``body``
     says how many bytes arrived so far and whether the relay is blocked on the
     upstream right now (not on the client). It is read, not wrapped: no
     closure per stream (memory per open stream).
     """
 
-    __slots__ = (
-        "_body",
-        "_handle",
-        "_loop",
-        "_period_s",
-        "_quiet",
-        "_seen",
-        "_timeout",
-    )
+    __slots__ = ("_body", "_dogs", "_mark", "_seen", "_timeout")
 
-    def __init__(self, body: Progress, timeout: asyncio.Timeout, period_s: float) -> None:
+    def __init__(self, dogs: Watchdogs, body: Progress, timeout: asyncio.Timeout) -> None:
+        self._dogs = dogs
         self._body = body
         self._timeout = timeout
-        self._period_s = period_s
-        self._loop = asyncio.get_running_loop()
         self._seen = -1
-        self._quiet = 0  # looks in a row that found the relay waiting and no new bytes
-        self._handle: asyncio.TimerHandle | None = None
+        self._mark = 0.0  # when a look last found the body alive
 
     async def __aenter__(self) -> BodyWatchdog:
-        self._check()
+        self._seen = self._body.received_bytes
+        self._mark = asyncio.get_running_loop().time()
+        self._dogs._add(self)
         return self
 
     async def __aexit__(
@@ -107,23 +149,17 @@ class BodyWatchdog:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
+        self._dogs._remove(self)
 
-    def _check(self) -> None:
-        if self._timeout.expired():
-            return  # it fired: the relay is being cancelled
+    def silent_for(self, now: float) -> float:
+        """One look: seconds since a look last found the body alive (0 when this one does)."""
         body = self._body
         total = body.received_bytes
-        now = self._loop.time()
-        if total != self._seen or not body.waiting_for_data:
+        if total != self._seen or not body.waiting_for_data or self._timeout.expired():
             self._seen = total
-            self._quiet = 0
-        else:
-            self._quiet += 1
-            if self._quiet >= 2:
-                self._handle = None
-                self._timeout.reschedule(now)  # due now: the relay gets TimeoutError
-                return
-        self._handle = self._loop.call_at(now + self._period_s, self._check)
+            self._mark = now
+        return now - self._mark
+
+    def expire(self, now: float) -> None:
+        """The body fell silent: the timeout is due now, and the relay gets ``TimeoutError``."""
+        self._timeout.reschedule(now)

@@ -1,4 +1,4 @@
-"""The body watchdog's one look inside aiohttp: is a read blocked waiting for upstream bytes."""
+"""The body watchdog: one timer for every body, and its one look inside aiohttp."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import aiohttp
 from aiohttp import web
 
 from proxy.edge.tasks import TaskSet
-from proxy.edge.watchdog import waiting_for_data
+from proxy.edge.watchdog import Watchdogs, waiting_for_data
 
 
 async def test_waiting_for_data_tells_a_blocked_read_from_unread_bytes(aiohttp_server):
@@ -41,3 +41,53 @@ async def test_waiting_for_data_tells_a_blocked_read_from_unread_bytes(aiohttp_s
         await asyncio.sleep(0.05)
         assert not waiting_for_data(body)  # bytes wait for the reader, not the other way
         assert await body.read() == b"c"
+
+
+class _Body:
+    """A body being relayed, as the watchdog reads it (the relay's two properties)."""
+
+    def __init__(self) -> None:
+        self.received_bytes = 0
+        self.waiting_for_data = True
+
+
+async def _relay(dogs: Watchdogs, body: _Body, trickle_s: float | None, last_byte: list[float]):
+    """Wait inside a watched timeout; bytes arrive every ``trickle_s`` (None: never)."""
+    loop = asyncio.get_running_loop()
+    last_byte.append(loop.time())
+    async with asyncio.timeout(None) as deadline, dogs.watch(body, deadline):
+        while True:
+            await asyncio.sleep(trickle_s if trickle_s is not None else 3600)
+            body.received_bytes += 1
+            last_byte[-1] = loop.time()
+
+
+async def test_one_timer_cuts_the_silent_body_only_after_two_periods_of_silence():
+    period = 0.1
+    dogs = Watchdogs(period)
+    loop = asyncio.get_running_loop()
+    silent, alive, paused = _Body(), _Body(), _Body()
+    paused.waiting_for_data = False  # the relay waits on its client: never cut for that
+    marks: dict[str, list[float]] = {"silent": [], "alive": [], "paused": []}
+    tasks = TaskSet()
+    alive_task = tasks.spawn(_relay(dogs, alive, 0.02, marks["alive"]))
+    paused_task = tasks.spawn(_relay(dogs, paused, None, marks["paused"]))
+    await asyncio.sleep(0.15)  # the silent one enters between two looks
+    silent_task = tasks.spawn(_relay(dogs, silent, None, marks["silent"]))
+    await asyncio.sleep(0.01)
+    assert len(dogs) == 3
+    try:
+        await silent_task
+    except TimeoutError:
+        cut_after = loop.time() - marks["silent"][-1]
+    else:
+        raise AssertionError("the silent body was not cut")
+    assert 2 * period <= cut_after < 3 * period + 0.5  # upper bound: slack for a busy host
+    await asyncio.sleep(4 * period)
+    assert not alive_task.done()
+    assert not paused_task.done()
+    assert len(dogs) == 2
+    alive_task.cancel()
+    paused_task.cancel()
+    await asyncio.gather(alive_task, paused_task, return_exceptions=True)
+    assert len(dogs) == 0  # nothing watched: the timer is stopped
