@@ -45,12 +45,24 @@ class StreamWatcher(Protocol):
 log = logging.getLogger("tokenstamp.proxy")
 
 
-def _gap_targets(watcher: StreamWatcher | None) -> tuple[Callable[[str, int, int], None], ...]:
+_GapTargets = tuple[Callable[[str, int, int], None], ...]
+
+_last_targets: list[tuple[StreamWatcher | None, _GapTargets]] = [(None, ())]
+"""The watcher seen last and its targets: a proxy has one watcher, so every stream shares
+one tuple of bound methods instead of building its own (memory per open stream)."""
+
+
+def _gap_targets(watcher: StreamWatcher | None) -> _GapTargets:
     """Each watcher's ``gap``, called by the timer itself (a fan-out's watchers unpacked)."""
-    if watcher is None:
-        return ()
-    inner: tuple[StreamWatcher, ...] = getattr(watcher, "watchers", (watcher,))
-    return tuple(w.gap for w in inner)
+    last, cached = _last_targets[0]
+    if watcher is last:
+        return cached
+    targets: _GapTargets = ()
+    if watcher is not None:
+        inner: tuple[StreamWatcher, ...] = getattr(watcher, "watchers", (watcher,))
+        targets = tuple(w.gap for w in inner)
+    _last_targets[0] = (watcher, targets)
+    return targets
 
 
 class StreamTimer:

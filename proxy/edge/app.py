@@ -391,6 +391,7 @@ async def _forward_observed(
         if is_sse or decoding is Decoding.NDJSON:
             resp.headers["X-Accel-Buffering"] = "no"
         writer = await resp.prepare(request)
+        resp.headers.clear()  # sent: not kept while the body streams (memory per open stream)
         progress.status = resp.status
         client = request.transport
         if writer is None or client is None or client.is_closing():

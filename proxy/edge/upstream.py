@@ -105,6 +105,7 @@ class UpstreamConnection(asyncio.Protocol):
     """
 
     __slots__ = (
+        "_busy",
         "_clock",
         "_complete",
         "_consumer",
@@ -134,7 +135,8 @@ class UpstreamConnection(asyncio.Protocol):
         self._read_ns = 0
         self._reason = b""
         self._headers: CIMultiDict[str] = CIMultiDict()
-        self._head: asyncio.Future[None] | None = None
+        self._busy = False  # a request is in flight (from ``send`` to ``detach``)
+        self._head: asyncio.Future[None] | None = None  # while ``send`` waits for the head
         self._consumer: BodyConsumer | None = None
         self._early: list[tuple[bytes, int]] = []
         self._early_bytes = 0
@@ -159,7 +161,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._read_ns = self._clock()  # the stamp: before anything else is done with the bytes
-        if self._head is None:
+        if not self._busy:
             # Bytes on an idle connection answer nothing we asked: it cannot be trusted
             # with the next request.
             self.close()
@@ -169,7 +171,8 @@ class UpstreamConnection(asyncio.Protocol):
         except httptools.HttpParserUpgrade:
             self._fail(NotHttp("upstream asked to switch protocols"))
         except httptools.HttpParserError as exc:
-            if not self._head.done():
+            head = self._head
+            if head is not None and not head.done():
                 self._fail(NotHttp(f"not an HTTP response: {exc}"))
             else:
                 self._fail(PayloadError(f"bad body framing: {exc}"))
@@ -264,6 +267,7 @@ class UpstreamConnection(asyncio.Protocol):
     async def send(self, head: bytes, body: bytes) -> None:
         """Write a request and wait for the response head."""
         loop = asyncio.get_running_loop()
+        self._busy = True
         self._head = loop.create_future()
         self._parser = httptools.HttpResponseParser(self)
         self._reason = b""
@@ -276,7 +280,10 @@ class UpstreamConnection(asyncio.Protocol):
         if transport is None or transport.is_closing():
             raise DisconnectedBeforeHead("connection closed before a response")
         transport.write(head + body if body else head)
-        await self._head
+        try:
+            await self._head
+        finally:
+            self._head = None  # answered (or given up on): not kept while the body streams
 
     def consume(self, consumer: BodyConsumer) -> None:
         """Hand the body to ``consumer``: what already arrived first, with its own stamps."""
@@ -315,7 +322,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._consumer = None
         self._early = []
         self._early_bytes = 0
-        self._head = None
+        self._busy = False
 
     def close(self) -> None:
         """Close the connection (which also tells the upstream to stop generating)."""

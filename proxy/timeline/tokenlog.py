@@ -99,7 +99,7 @@ class FanoutWatcher:
 
     def __init__(self, *watchers: StreamWatcher) -> None:
         self.watchers = watchers
-        """The watchers, called in this order."""
+        """The watchers, called in this order (fixed once built: stream timers share them)."""
 
     def forwarded(self, request_id: str, forwarded_ns: int) -> None:
         """Fan out ``forwarded``."""
