@@ -7,6 +7,7 @@ import pytest
 from proxy.core.decoders.openai import ChunkInfo, Usage
 from proxy.core.records import Backend, Outcome, RequestLabels, RequestRecord
 from proxy.core.timing import StreamTimer
+from proxy.timeline.tokenlog import FanoutWatcher
 
 MS = 1_000_000
 LABELS = RequestLabels("chat", "m", Backend("vllm", "b"))
@@ -149,3 +150,20 @@ def test_no_output_means_no_ttft():
     assert rec.tpot_s is None
     assert sink.started == 1
     assert sink.records == [rec]
+
+
+def test_each_timer_sends_its_gaps_to_its_own_watchers_whichever_came_before():
+    """Timers share their watcher's gap targets (memory per stream): never another's."""
+    first, second, third = Watch(), Watch(), Watch()
+    fanout = FanoutWatcher(second, third)
+
+    def one_gap(watcher, at_ms: int) -> None:
+        t = StreamTimer("r", LABELS, arrival_ns=0, start_unix_ns=0, sink=Recorder(),
+                        watcher=watcher)  # fmt: skip
+        t.output(at_ms * MS)
+        t.output((at_ms + 1) * MS)
+
+    for watcher, at_ms in ((first, 10), (fanout, 20), (first, 30), (None, 40), (fanout, 50)):
+        one_gap(watcher, at_ms)
+    gaps = [[c[1] // MS for c in w.calls if c[0] == "gap"] for w in (first, second, third)]
+    assert gaps == [[10, 30], [20, 50], [20, 50]]
