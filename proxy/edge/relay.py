@@ -4,10 +4,13 @@ The hot path. An observed body arrives through ``proxy.edge.upstream``'s
 callbacks: per read, the connection stamps it, then a ``BodyRelay`` writes it
 to the client's transport and only then looks at it (with usage stripping on,
 the read is split at event boundaries before writing: see ``proxy.core.usage``),
-all inside one ``data_received``. When the client's socket buffer is full,
-upstream reading pauses until it drains, so a slow client slows its own
-stream only and memory stays bounded. Unobserved bodies keep aiohttp's client
-(``relay_plain``).
+all inside one ``data_received``. A read that carries several body pieces (the
+proxy fell behind, or the upstream wrote several chunks at once) costs two
+writes, not one per piece: the first piece goes at once, the others together
+when the read is done (``read_done``), each still framed as its own chunk.
+When the client's socket buffer is full, upstream reading pauses until it
+drains, so a slow client slows its own stream only and memory stays bounded.
+Unobserved bodies keep aiohttp's client (``relay_plain``).
 """
 
 from __future__ import annotations
@@ -96,7 +99,9 @@ class BodyRelay:
         "_finished",
         "_gone",
         "_high",
+        "_pending",
         "_waiter",
+        "_wrote",
     )
 
     def __init__(
@@ -116,10 +121,39 @@ class BodyRelay:
         self._finished = False
         self._gone = False
         self._error: UpstreamError | None = None
+        self._wrote = False  # this read's first piece went out already
+        self._pending: list[bytes] | None = None  # this read's later pieces, framed
 
     def write(self, data: bytes) -> None:
-        """Send ``data`` to the client now (framed as one chunk when the response is chunked)."""
+        """Send ``data`` to the client (framed as one chunk when the response is chunked).
+
+        The read's first piece goes now; later pieces of the same read go together
+        when it is done (``read_done``): one write for them, not one each.
+        """
         if not data or self._gone:
+            return
+        framed = b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data
+        capture = self._capture
+        if capture is not None and len(capture) < CAPTURE_BYTES:
+            capture += data[: CAPTURE_BYTES - len(capture)]
+        if not self._wrote:
+            self._wrote = True
+            self._send(framed)
+        elif self._pending is None:
+            self._pending = [framed]
+        else:
+            self._pending.append(framed)
+
+    def read_done(self) -> None:
+        """The read was handed over whole: send its later pieces, in one write."""
+        self._wrote = False
+        pending = self._pending
+        if pending is not None:
+            self._pending = None
+            self._send(pending[0] if len(pending) == 1 else b"".join(pending))
+
+    def _send(self, framed: bytes) -> None:
+        if self._gone:
             return
         client = self._client
         if client.is_closing():
@@ -127,10 +161,7 @@ class BodyRelay:
             self._conn.pause_reading()
             self._wake()
             return
-        client.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
-        capture = self._capture
-        if capture is not None and len(capture) < CAPTURE_BYTES:
-            capture += data[: CAPTURE_BYTES - len(capture)]
+        client.write(framed)
         if client.get_write_buffer_size() > self._high:
             self._conn.pause_reading()
             self._wake()
@@ -140,7 +171,8 @@ class BodyRelay:
         self.write(data)
 
     def end(self, error: UpstreamError | None) -> None:
-        """The body ended (``error`` when it broke off)."""
+        """The body ended (``error`` when it broke off): what this read relayed goes first."""
+        self.read_done()
         self._finished = True
         self._error = error
         self._wake()

@@ -94,6 +94,9 @@ class BodyConsumer(Protocol):
     def body(self, data: bytes, read_ns: int) -> None:
         """A piece of the body (chunked framing removed), stamped when its read completed."""
 
+    def read_done(self) -> None:
+        """Every piece of the last read was handed over (one read may carry several)."""
+
     def end(self, error: UpstreamError | None) -> None:
         """The body ended: complete (``None``) or broken off."""
 
@@ -168,6 +171,9 @@ class UpstreamConnection(asyncio.Protocol):
             return
         try:
             self._parser.feed_data(data)
+            consumer = self._consumer
+            if consumer is not None:
+                consumer.read_done()
         except httptools.HttpParserUpgrade:
             self._fail(NotHttp("upstream asked to switch protocols"))
         except httptools.HttpParserError as exc:
@@ -293,6 +299,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._early_bytes = 0
         for data, read_ns in early:
             consumer.body(data, read_ns)
+        consumer.read_done()
         if held and not self._ended:
             self.resume_reading()
         if self._ended:
@@ -358,6 +365,9 @@ class _Discard:
 
     def body(self, data: bytes, read_ns: int) -> None:
         """Dropped."""
+
+    def read_done(self) -> None:
+        """Nothing held."""
 
     def end(self, error: UpstreamError | None) -> None:
         """Done, either way: the connection is not reused after an error."""

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -246,3 +248,49 @@ async def test_request_head_has_the_hops_own_host_and_length():
     assert UpstreamPool("https://h", connect_timeout_s=1, clock=lambda: 0).host_header == "h"
     with pytest.raises(ValueError, match="http"):
         UpstreamPool("ftp://h", connect_timeout_s=1, clock=lambda: 0)
+
+
+def _data_segments_in(sock: socket.socket) -> int:
+    """TCP segments with data this socket has received (``tcpi_data_segs_in`` of Linux's
+    ``struct tcp_info``, at byte 152): the sender's writes, since loopback sends one each."""
+    info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 160)
+    return int(struct.unpack_from("I", info, 152)[0])
+
+
+async def _raw_post(url: str) -> tuple[bytes, int]:
+    """POST a streamed chat request with a bare socket: the response as it came, framing
+    kept, and how many data segments (the proxy's writes) it came in."""
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps(REQUEST).encode()
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                 b"application/json\r\nContent-Length: %d\r\n\r\n%b" % (len(body), body))  # fmt: skip
+    response = await reader.readuntil(b"\r\n0\r\n\r\n")
+    segments = _data_segments_in(writer.get_extra_info("socket"))
+    writer.close()
+    return response, segments
+
+
+async def test_the_pieces_of_one_read_reach_the_client_as_chunks_in_one_write(raw, proxy_factory):
+    """A read carrying many chunks (a proxy that fell behind) costs the proxy two writes, not
+    one per chunk, and the client still gets every chunk framed as the upstream sent it."""
+    pieces = {"n": 0}
+
+    async def burst(conn: Conn) -> bool:
+        await conn.send(SSE_HEAD + b"\r\n" + chunk(ROLE), pause_s=0.05)
+        events = [TOKEN] * pieces["n"] + [DONE]
+        await conn.send(b"".join(chunk(e) for e in events) + b"0\r\n\r\n")  # one packet
+        return True
+
+    up = await raw(burst)
+    p = await proxy_factory(up.url, inject_usage=False)
+    writes = {}
+    for n in (2, 40):
+        pieces["n"] = n
+        response, writes[n] = await _raw_post(p.url)
+        events = [ROLE] + [TOKEN] * n + [DONE]
+        assert response.endswith(b"\r\n\r\n" + b"".join(chunk(e) for e in events) + b"0\r\n\r\n")
+    # 38 pieces more, no write more (a segment's worth of slack: the kernel may merge two)
+    assert writes[40] <= writes[2] + 1
+    count = "gen_ai_client_operation_time_per_output_chunk_seconds_count"
+    assert samples(p, count, **_labels()) == 1 + 39  # every token timed
