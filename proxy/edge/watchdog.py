@@ -21,10 +21,13 @@ deadline of its own until it fires.
 from __future__ import annotations
 
 import asyncio
+import logging
 from types import TracebackType
 from typing import Protocol
 
 import aiohttp
+
+log = logging.getLogger("tokenstamp.proxy")
 
 _UNKNOWN = object()
 
@@ -112,9 +115,12 @@ class Watchdogs:
         now = loop.time()
         silence = 2 * self._period_s
         for dog in list(self._watched):
-            if dog.silent_for(now) >= silence:
-                self._watched.pop(dog, None)
-                dog.expire(now)
+            try:
+                if dog.silent_for(now) >= silence:
+                    self._watched.pop(dog, None)
+                    dog.expire(now)
+            except Exception:  # one body's look must not end the watch over the others
+                log.exception("read watchdog: looking at a body failed")
         self._handle = loop.call_at(now + self._period_s, self._look) if self._watched else None
 
 

@@ -91,3 +91,25 @@ async def test_one_timer_cuts_the_silent_body_only_after_two_periods_of_silence(
     paused_task.cancel()
     await asyncio.gather(alive_task, paused_task, return_exceptions=True)
     assert len(dogs) == 0  # nothing watched: the timer is stopped
+
+
+class _BrokenBody:
+    """A body whose progress cannot be read (after entry)."""
+
+    received_bytes = 0
+
+    @property
+    def waiting_for_data(self) -> bool:
+        raise RuntimeError("progress unknown")
+
+
+async def test_a_body_whose_look_fails_does_not_stop_the_watch_over_the_others(caplog):
+    dogs = Watchdogs(0.05)
+    tasks = TaskSet()
+    async with asyncio.timeout(None) as deadline, dogs.watch(_BrokenBody(), deadline):
+        silent = tasks.spawn(_relay(dogs, _Body(), None, []))  # watched after the broken one
+        await asyncio.wait({silent}, timeout=1.0)
+        if not silent.done():
+            silent.cancel()
+    assert isinstance(silent.exception(), TimeoutError)  # cut all the same
+    assert "looking at a body failed" in caplog.text
