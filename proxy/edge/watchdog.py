@@ -86,11 +86,6 @@ class Watchdogs:
         self._watched: dict[BodyWatchdog, None] = {}
         self._handle: asyncio.TimerHandle | None = None
 
-    @property
-    def period_s(self) -> float:
-        """Seconds between two looks at a body."""
-        return self._period_s
-
     def watch(self, body: Progress, timeout: asyncio.Timeout) -> BodyWatchdog:
         """An async context manager: ``timeout`` expires once ``body`` stops making progress."""
         return BodyWatchdog(self, body, timeout)
