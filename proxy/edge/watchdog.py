@@ -91,6 +91,7 @@ class Watchdogs:
         return BodyWatchdog(self, body, timeout)
 
     def __len__(self) -> int:
+        """Bodies watched right now."""
         return len(self._watched)
 
     def _add(self, dog: BodyWatchdog) -> None:
