@@ -14,6 +14,10 @@ prompt text only (not from other body keys a proxy may add), and ``created``
 is fixed for the life of the process. Masking the stamp digits therefore makes
 the bytes of one prompt's answer identical through any faithful proxy.
 
+``--tokens-per-write K`` (steady): a stream's chunks leave K at a time, in one write
+stamped with its time, on the deadline of the last of them (the rate stays the same): each
+read of a proxy then carries K chunks, as from a batching server or a proxy that fell behind.
+
 Lockstep (``--step-rate S``): one timer for all streams, as an engine's step loop; each
 step writes the next chunk of every open stream back to back, all stamped with the step's
 time (transit includes the backend's own writing of the step, as the direct run does; equal
@@ -68,6 +72,8 @@ class BackendConfig:
     """``created`` field of every chunk (fixed, for deterministic bytes)."""
     step_rate_per_s: float = 0.0
     """Lockstep steps per second (one chunk to every open stream per step); 0: off."""
+    tokens_per_write: int = 1
+    """Content chunks a stream writes at once, on the deadline of the last (not lockstep)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,11 +290,15 @@ async def _stream(
                 if not entry.done.done():
                     entry.done.cancel()  # the stepper skips it from now on
         else:
-            for i in range(answer.max_tokens):
-                delay_ns = start_ns + (i + 1) * period_ns - clock()
+            # A stream slowed by its body (the memory figure's) writes one chunk at a time.
+            per_write = 1 if answer.rate_per_s else config.tokens_per_write
+            for first in range(0, answer.max_tokens, per_write):
+                last = min(first + per_write, answer.max_tokens)
+                delay_ns = start_ns + last * period_ns - clock()
                 if delay_ns > 0:
                     await asyncio.sleep(delay_ns / 1e9)
-                await resp.write(fmt.content(i, clock()))
+                send_ns = clock()
+                await resp.write(b"".join(fmt.content(i, send_ns) for i in range(first, last)))
         tail = fmt.finish("length")
         if answer.include_usage:
             tail += fmt.usage(answer.max_tokens)
@@ -372,15 +382,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--step-rate", type=float, default=0.0, help="lockstep steps/s for all streams (0: off)"
     )
+    parser.add_argument(
+        "--tokens-per-write", type=int, default=1, help="content chunks a stream writes at once"
+    )
     args = parser.parse_args(argv)
-    if args.rate <= 0 or args.step_rate < 0:
-        parser.error("--rate must be > 0, --step-rate >= 0")
+    if args.rate <= 0 or args.step_rate < 0 or args.tokens_per_write < 1:
+        parser.error("--rate must be > 0, --step-rate >= 0, --tokens-per-write >= 1")
     config = BackendConfig(
         rate_per_s=args.rate,
         default_max_tokens=args.max_tokens,
         model=args.model,
         created_unix_s=int(time.time()),
         step_rate_per_s=args.step_rate,
+        tokens_per_write=args.tokens_per_write,
     )
     web.run_app(
         create_app(config),

@@ -16,7 +16,7 @@ from types import FrameType
 from bench.children import ChildError
 from bench.plot import PlotUnavailable, plot_path, write_plot
 from bench.report import markdown, to_json
-from bench.run import LOCKSTEP, MAX_RATE, SCENARIOS, BenchError, BenchOptions, run_bench
+from bench.run import LOCKSTEP, MAX_RATE, SCENARIOS, STEADY, BenchError, BenchOptions, run_bench
 from bench.targets import (
     BUILTIN_TARGETS,
     DEFAULT_TARGETS,
@@ -88,6 +88,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("--max-tokens", type=int, default=200, help="tokens per request (default 200)")
     p.add_argument(
+        "--tokens-per-write",
+        type=int,
+        default=1,
+        help="steady: content chunks each stream's backend writes at once, so every read of a "
+        "target carries that many (default 1)",
+    )
+    p.add_argument(
         "--warmup",
         type=float,
         default=1.0,
@@ -151,6 +158,8 @@ def run(args: argparse.Namespace) -> int:
         return _fail("--rate, --step-rate and --duration must be > 0, --warmup >= 0", 2)
     if args.memory_streams < 0:
         return _fail("--memory-streams must be >= 0", 2)
+    if args.tokens_per_write < 1:
+        return _fail("--tokens-per-write must be >= 1", 2)
     reports = []
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -166,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
                 scenario=scenario,
                 step_rate_per_s=args.step_rate,
                 memory_streams=0 if scenario == MAX_RATE else args.memory_streams,
+                tokens_per_write=args.tokens_per_write if scenario == STEADY else 1,
             )
             reports.append(run_bench(options, log=_log))
     except (BenchError, ChildError, TargetError) as exc:

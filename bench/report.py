@@ -103,8 +103,9 @@ def _load_line(report: BenchReport) -> str:
             f"stream's token written in each step; {o.max_tokens} tokens per request; "
             f"{common}"
         )
+    burst = f", {o.tokens_per_write} tokens per write" if o.tokens_per_write > 1 else ""
     return (
-        f"steady: {o.streams} streams x {o.rate_per_s:g} tokens/s, {o.max_tokens} tokens "
+        f"steady: {o.streams} streams x {o.rate_per_s:g} tokens/s{burst}, {o.max_tokens} tokens "
         f"per request; {common}"
     )
 
@@ -184,6 +185,7 @@ def to_json(report: BenchReport) -> dict[str, Any]:
                 "scenario": o.scenario,
                 "step_rate_per_s": o.step_rate_per_s,
                 "memory_streams": o.memory_streams,
+                "tokens_per_write": o.tokens_per_write,
                 "cpu_count": os.cpu_count(),
             },
             "targets": [asdict(r) for r in report.rows],

@@ -51,6 +51,8 @@ class BenchOptions:
     """Lockstep steps per second."""
     memory_streams: int = 0
     """Open streams for the memory figure (steady and lockstep); 0: not measured."""
+    tokens_per_write: int = 1
+    """Steady: content chunks each stream's backend writes at once (each read carries them)."""
 
     @property
     def window_s(self) -> float:

@@ -141,7 +141,7 @@ def _start(children: Children, options: BenchOptions) -> _Started:
         backend = children.start("backend", [
             py, "-m", "bench.backend", "--port", str(backend_port),
             "--rate", repr(options.rate_per_s), "--max-tokens", str(options.max_tokens),
-            "--step-rate", repr(step_rate),
+            "--step-rate", repr(step_rate), "--tokens-per-write", str(options.tokens_per_write),
         ])  # fmt: skip
         backend.wait_listening(backend_port)
     urls: dict[str, str] = {}

@@ -223,3 +223,21 @@ def test_passthrough_runs_on_either_loop():
             assert isinstance(loop, kind)
         finally:
             loop.close()
+
+
+async def test_tokens_per_write_sends_k_chunks_at_once_at_the_same_rate(aiohttp_client):
+    """Each write carries K content chunks stamped alike; the answer's bytes do not change."""
+    burst = BackendConfig(rate_per_s=200.0, default_max_tokens=5, created_unix_s=1_718_000_000,
+                          tokens_per_write=3)  # fmt: skip
+    body = {"messages": [{"role": "user", "content": "same"}], "stream": True, "max_tokens": 7}
+    started_ns = time.monotonic_ns()
+    raw = await _stream(aiohttp_client, create_app(burst), body)
+    plain = await _stream(aiohttp_client, create_app(CONFIG), body)
+    assert mask_stamps(raw) == mask_stamps(plain)
+    events = SseDecoder(1 << 20).feed(raw)
+    stamps = [int(json.loads(e.data)["bench_send_ns"]) for e in events[1:8]]
+    assert stamps[0] == stamps[1] == stamps[2] < stamps[3] == stamps[4] == stamps[5] < stamps[6]
+    # Each write leaves on the deadline of its last chunk: 3, 6 and 7 periods of 5 ms.
+    assert stamps[0] - started_ns >= 3 * 5_000_000
+    assert stamps[3] - started_ns >= 6 * 5_000_000
+    assert stamps[6] - started_ns >= 7 * 5_000_000
