@@ -14,9 +14,10 @@ prompt text only (not from other body keys a proxy may add), and ``created``
 is fixed for the life of the process. Masking the stamp digits therefore makes
 the bytes of one prompt's answer identical through any faithful proxy.
 
-``--tokens-per-write K`` (steady): a stream's chunks leave K at a time, in one write
-stamped with its time, on the deadline of the last of them (the rate stays the same): each
-read of a proxy then carries K chunks, as from a batching server or a proxy that fell behind.
+``--tokens-per-write K`` (steady): a stream's chunks leave K at a time, each its own HTTP
+chunk, in one write stamped with its time, on the deadline of the last of them (the rate
+stays the same): each read of a proxy then carries K chunks, as from a proxy that fell
+behind its upstream.
 
 Lockstep (``--step-rate S``): one timer for all streams, as an engine's step loop; each
 step writes the next chunk of every open stream back to back, all stamped with the step's
@@ -270,6 +271,18 @@ class Stepper:
 STEPPER: web.AppKey[Stepper] = web.AppKey("bench_backend_stepper", Stepper)
 
 
+def _write_chunks(request: web.Request, events: list[bytes]) -> None:
+    """Send ``events`` as one HTTP chunk each, in one write (so one read takes them all).
+
+    aiohttp's writer would make one chunk of one write: the framing is done here, on the
+    response's transport (chunked encoding is on: its writer frames nothing of this).
+    """
+    transport = request.transport
+    if transport is None or transport.is_closing():
+        raise ConnectionResetError("client gone")
+    transport.write(b"".join(b"%x\r\n%b\r\n" % (len(e), e) for e in events))
+
+
 async def _stream(
     request: web.Request, answer: Answer, config: BackendConfig
 ) -> web.StreamResponse:
@@ -278,6 +291,10 @@ async def _stream(
     period_ns = round(1e9 / (answer.rate_per_s or config.rate_per_s))
     clock = time.monotonic_ns
     stepper = request.app.get(STEPPER)
+    # A stream slowed by its body (the memory figure's) writes one chunk at a time.
+    per_write = 1 if answer.rate_per_s or stepper is not None else config.tokens_per_write
+    if per_write > 1:
+        resp.enable_chunked_encoding()  # ``_write_chunks`` frames the chunks itself
     try:
         await resp.prepare(request)
         start_ns = clock()
@@ -290,15 +307,16 @@ async def _stream(
                 if not entry.done.done():
                     entry.done.cancel()  # the stepper skips it from now on
         else:
-            # A stream slowed by its body (the memory figure's) writes one chunk at a time.
-            per_write = 1 if answer.rate_per_s else config.tokens_per_write
             for first in range(0, answer.max_tokens, per_write):
                 last = min(first + per_write, answer.max_tokens)
                 delay_ns = start_ns + last * period_ns - clock()
                 if delay_ns > 0:
                     await asyncio.sleep(delay_ns / 1e9)
                 send_ns = clock()
-                await resp.write(b"".join(fmt.content(i, send_ns) for i in range(first, last)))
+                if per_write == 1:
+                    await resp.write(fmt.content(first, send_ns))
+                else:
+                    _write_chunks(request, [fmt.content(i, send_ns) for i in range(first, last)])
         tail = fmt.finish("length")
         if answer.include_usage:
             tail += fmt.usage(answer.max_tokens)
