@@ -97,6 +97,18 @@ def test_lockstep_reports_step_transit_and_last_of_step(tmp_path):
     assert report["memory"] == []
 
 
+def test_tokens_per_write_reaches_every_target_as_whole_chunks(tmp_path):
+    """Every read carries 3 chunks: the bodies are still byte-identical through every target."""
+    report, table, _ = _bench(tmp_path, "--targets", "direct,passthrough,tokenstamp", *TINY,
+                              "--tokens-per-write", "3", "--memory-streams", "0")  # fmt: skip
+    assert report["options"]["tokens_per_write"] == 3
+    assert "3 tokens per write" in table
+    for row in report["targets"]:
+        assert row["identical"], row["name"]
+        assert row["errors"] == 0, row["name"]
+        assert row["tokens"] > 0, row["name"]
+
+
 def test_max_rate_reports_tokens_per_second_on_one_core(tmp_path):
     report, table, _ = _bench(tmp_path, "--scenario", "max-rate", "--targets",
                               "direct,nginx,passthrough-uvloop,tokenstamp", *TINY)  # fmt: skip
@@ -119,6 +131,7 @@ def test_bad_flags_exit_2_with_one_line():
     for args, start in [
         (["--targets", "direct,nope"], "--targets: unknown target 'nope'"),
         (["--scenario", "steady,bursty"], "--scenario: expected a list of"),
+        (["--tokens-per-write", "0"], "--tokens-per-write must be >= 1"),
     ]:
         done = subprocess.run(
             [sys.executable, "-m", "proxy.cli", "bench", *args],
