@@ -39,7 +39,8 @@ from proxy.core.prompt_size import estimate_prompt_tokens
 from proxy.core.records import Backend, Outcome, RequestLabels, Sink
 from proxy.core.timing import StreamTimer, StreamWatcher
 from proxy.core.usage import inject, wants_injection
-from proxy.edge.headers import client_response_headers, upstream_request_headers
+from proxy.edge.headers import Headers, client_response_headers, upstream_request_headers
+from proxy.edge.inbound import AiohttpInbound, Inbound, Refused
 from proxy.edge.relay import (
     BodyRelay,
     JsonRelay,
@@ -82,74 +83,26 @@ class _Progress:
     """Status sent to the client, once the response has started."""
 
 
-class _Refused(Exception):
-    """The proxy refuses the request before contacting the upstream."""
-
-    def __init__(self, status: int, error_type: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.error_type = error_type
-
-
-def json_error(status: int, error_type: str, message: str) -> web.Response:
-    """An OpenAI-style error body (clients already parse this shape)."""
-    body = {"error": {"message": message, "type": error_type, "code": status}}
-    return web.Response(
-        status=status,
-        text=json.dumps(body),
-        content_type="application/json",
-        headers={"X-Tokenstamp-Error": error_type},
-    )
-
-
-async def _read_body(request: web.Request, limit: int, timeout_s: float) -> bytes:
+async def _read_body(client: Inbound, limit: int, timeout_s: float) -> bytes:
     """The request body: 413 as soon as it passes ``limit`` bytes, 408 past ``timeout_s``."""
     try:
         async with asyncio.timeout(timeout_s):
-            return await _read_body_limited(request, limit)
+            return await client.read_body(limit)
     except TimeoutError:
-        raise _Refused(408, "body_timeout", f"request body not received within {timeout_s:g} s "
-                       "(--body-timeout)") from None  # fmt: skip
+        raise Refused(408, "body_timeout", f"request body not received within {timeout_s:g} s "
+                      "(--body-timeout)") from None  # fmt: skip
 
 
-async def _read_body_limited(request: web.Request, limit: int) -> bytes:
-    declared = request.content_length
-    if declared is not None and declared > limit:
-        raise _Refused(413, "body_too_large", f"request body of {declared} bytes exceeds the "
-                       f"proxy's limit of {limit} bytes (--max-body-bytes)")  # fmt: skip
-    buf = bytearray()
-    while True:
-        chunk = await request.content.readany()
-        if not chunk:
-            return bytes(buf)
-        buf += chunk
-        if len(buf) > limit:
-            raise _Refused(413, "body_too_large", f"request body exceeds the proxy's limit "
-                           f"of {limit} bytes (--max-body-bytes)")  # fmt: skip
-
-
-def request_id(request: web.Request) -> str:
+def request_id(headers: Headers) -> str:
     """The client's ``X-Request-Id`` when it is a sane token, else a fresh random id.
 
     Used in logs and spans (so an operator can find the culprit a client knows),
     never as a metric label.
     """
-    given = request.headers.get("X-Request-Id", "")
+    given = headers.get("X-Request-Id", "")
     if 0 < len(given) <= 128 and given.isascii() and given.isprintable() and " " not in given:
         return given
     return uuid.uuid4().hex
-
-
-def _client_gone(request: web.Request) -> bool:
-    t = request.transport
-    return t is None or t.is_closing()
-
-
-def _abort(request: web.Request, resp: web.StreamResponse) -> None:
-    """End the client connection without a clean end of stream (bytes sent so far stay)."""
-    resp.force_close()
-    if request.transport is not None:
-        request.transport.close()
 
 
 # Why an upstream gave no response, in the 502's message (``error.type`` stays the class).
@@ -163,7 +116,7 @@ _NO_ANSWER = {
 
 
 def _start_timer(
-    request: web.Request, state: ProxyState, fmt: Format, body: dict[str, object] | None
+    client: Inbound, state: ProxyState, fmt: Format, body: dict[str, object] | None
 ) -> StreamTimer:
     model = None if body is None else fmt.request_model(body)
     labels = RequestLabels(fmt.operation.value, state.labeler.label(model), state.backend)
@@ -171,18 +124,18 @@ def _start_timer(
     clock = state.clock
     if state.tracing is not None:
         return state.tracing.start_timer(
-            request_id(request),
+            request_id(client.headers),
             labels,
             arrival_ns=clock(),
             start_unix_ns=time.time_ns(),
             sink=state.sink,
             watcher=state.watcher,
             request_model=request_model,
-            headers=request.headers,
+            headers=client.headers,
             body=body,
         )
     return StreamTimer(
-        request_id(request),
+        request_id(client.headers),
         labels,
         arrival_ns=clock(),
         start_unix_ns=time.time_ns(),
@@ -193,17 +146,26 @@ def _start_timer(
 
 
 async def handle(request: web.Request) -> web.StreamResponse:
+    """aiohttp's handler: forward one request (``exchange``)."""
+    client = AiohttpInbound(request)
+    await exchange(client, request.app[STATE])
+    assert client.response is not None, "an exchange always answers"
+    return client.response
+
+
+async def exchange(client: Inbound, state: ProxyState) -> None:
     """Forward one request; observe it when it is a completion call.
 
-    Memory per open stream is the point of a few choices here: no closure, one
-    coroutine less for an observed request, and neither the parsed body nor the
-    body bytes kept by this frame while the stream runs (a long prompt is
-    hundreds of KiB, held for the whole stream otherwise).
+    On return the client has its answer: a relayed response, or an error of
+    ours (``client.refuse``). Memory per open stream is the point of a few
+    choices here: no closure, one coroutine less for an observed request, and
+    neither the parsed body nor the body bytes kept by this frame while the
+    stream runs (a long prompt is hundreds of KiB, held for the whole stream
+    otherwise).
     """
-    state = request.app[STATE]
     cfg = state.config
     clock = state.clock
-    fmt = route(request.method, request.path)
+    fmt = route(client.method, client.path)
     state.in_flight += 1
     timer: StreamTimer | None = None
     progress = _Progress()
@@ -211,19 +173,20 @@ async def handle(request: web.Request) -> web.StreamResponse:
 
     try:
         try:
-            body = await _read_body(request, cfg.max_body_bytes, cfg.body_timeout_s)
-        except _Refused as exc:
+            body = await _read_body(client, cfg.max_body_bytes, cfg.body_timeout_s)
+        except Refused as exc:
             if fmt is not None:
-                timer = _start_timer(request, state, fmt, None)
+                timer = _start_timer(client, state, fmt, None)
             outcome, progress.status, error_type = Outcome.REJECTED, exc.status, exc.error_type
-            return json_error(exc.status, exc.error_type, str(exc))
+            client.refuse(exc.status, exc.error_type, str(exc))
+            return
         upstream_body, injected = body, False
         if fmt is not None:
             parsed = _parse_json_object(body)
             if parsed is None:
                 state.sink.unobserved(state.backend, "body_not_json")
             else:
-                timer = _start_timer(request, state, fmt, parsed)
+                timer = _start_timer(client, state, fmt, parsed)
                 if state.stalls is not None:
                     state.stalls.describe(
                         timer.request_id,
@@ -239,16 +202,15 @@ async def handle(request: web.Request) -> web.StreamResponse:
             parsed = None
         if timer is not None and fmt is not None and state.pool is not None:
             forward = _forward_observed(
-                request, state, fmt, upstream_body, timer, injected, body, progress
+                client, state, fmt, upstream_body, timer, injected, body, progress
             )
         else:
-            forward = _forward(request, state, upstream_body, progress)
+            forward = _forward(client, state, upstream_body, progress)
         body = upstream_body = b""  # the coroutine holds them as long as it needs them
         result = await forward
         outcome, progress.status, error_type = result.outcome, result.status, result.error_type
-        return result.response
     except asyncio.CancelledError:
-        outcome = Outcome.CLIENT_DISCONNECT if _client_gone(request) else Outcome.UPSTREAM_ERROR
+        outcome = Outcome.CLIENT_DISCONNECT if client.gone() else Outcome.UPSTREAM_ERROR
         error_type = "client_disconnect" if outcome is Outcome.CLIENT_DISCONNECT else "cancelled"
         raise
     finally:
@@ -269,40 +231,38 @@ def _parse_json_object(body: bytes) -> dict[str, object] | None:
 
 
 async def _forward(
-    request: web.Request, state: ProxyState, body: bytes, progress: _Progress
+    client: Inbound, state: ProxyState, body: bytes, progress: _Progress
 ) -> RelayResult:
     """Send an unobserved request upstream on aiohttp's client, relay the response; map
     failures to statuses or outcomes."""
     assert state.session is not None, "the upstream session opens with the app"
     cfg = state.config
-    url = cfg.upstream + str(request.rel_url)
+    url = cfg.upstream + client.target
     headers = upstream_request_headers(
-        request.headers, client_ip=request.remote, scheme=request.scheme, identity=False
+        client.headers, client_ip=client.remote, scheme=client.scheme, identity=False
     )
-    resp: web.StreamResponse | None = None
+    started = False
     try:
-        up = await _send(state, request.method, url, headers, body)
+        up = await _send(state, client.method, url, headers, body)
         clean = False
         try:
-            resp = web.StreamResponse(
-                status=up.status,
-                reason=up.reason,
-                headers=client_response_headers(up.headers, keep_length=True),
+            await client.start(
+                up.status, up.reason or "", client_response_headers(up.headers, keep_length=True)
             )
-            await resp.prepare(request)
-            progress.status = resp.status
+            started = True
+            progress.status = up.status
             # Cut after --max-stream-duration, or by the watchdog once the body falls silent.
             limit = cfg.max_stream_duration_s or None
             async with (
                 asyncio.timeout(limit) as deadline,
                 state.watchdogs.watch(ReaderProgress(up.content), deadline),
             ):
-                result = await relay_plain(up, resp)
+                result = await relay_plain(up, client)
             if result.complete:
                 try:
-                    await resp.write_eof()
+                    await client.end()
                 except ConnectionError:
-                    return RelayResult(resp, Outcome.CLIENT_DISCONNECT, resp.status,
+                    return RelayResult(Outcome.CLIENT_DISCONNECT, up.status,
                                        "client_disconnect", complete=False)  # fmt: skip
                 clean = True
             return result
@@ -312,32 +272,32 @@ async def _forward(
             else:
                 up.close()
     except TimeoutError:
-        if resp is None:
-            return _no_answer_in_time(cfg.read_timeout_s)
-        _abort(request, resp)
-        return RelayResult(resp, Outcome.TIMEOUT, resp.status, "timeout")
+        if not started:
+            return _no_answer_in_time(client, cfg.read_timeout_s)
+        client.abort()
+        return RelayResult(Outcome.TIMEOUT, progress.status, "timeout")
     except aiohttp.ClientError as exc:
         kind = type(exc).__name__
-        if resp is None:
-            return _no_answer(cfg.backend_label, kind)
-        _abort(request, resp)
-        return RelayResult(resp, Outcome.UPSTREAM_ERROR, resp.status, kind)
+        if not started:
+            return _no_answer(client, cfg.backend_label, kind)
+        client.abort()
+        return RelayResult(Outcome.UPSTREAM_ERROR, progress.status, kind)
 
 
-def _no_answer_in_time(read_timeout_s: float) -> RelayResult:
+def _no_answer_in_time(client: Inbound, read_timeout_s: float) -> RelayResult:
     msg = f"upstream did not answer within {read_timeout_s:g} s (--read-timeout)"
-    return RelayResult(json_error(504, "upstream_timeout", msg), Outcome.TIMEOUT, 504, "timeout")
+    client.refuse(504, "upstream_timeout", msg)
+    return RelayResult(Outcome.TIMEOUT, 504, "timeout")
 
 
-def _no_answer(backend_label: str, kind: str) -> RelayResult:
+def _no_answer(client: Inbound, backend_label: str, kind: str) -> RelayResult:
     msg = f"upstream {backend_label} {_NO_ANSWER.get(kind, 'failed')}: {kind}"
-    return RelayResult(
-        json_error(502, "upstream_unreachable", msg), Outcome.UPSTREAM_ERROR, 502, kind
-    )
+    client.refuse(502, "upstream_unreachable", msg)
+    return RelayResult(Outcome.UPSTREAM_ERROR, 502, kind)
 
 
 async def _forward_observed(
-    request: web.Request,
+    client: Inbound,
     state: ProxyState,
     fmt: Format,
     body: bytes,
@@ -350,19 +310,19 @@ async def _forward_observed(
     observed read by read inside the upstream connection's callbacks (``proxy.edge.relay``)."""
     cfg = state.config
     headers = upstream_request_headers(
-        request.headers, client_ip=request.remote, scheme=request.scheme, identity=True
+        client.headers, client_ip=client.remote, scheme=client.scheme, identity=True
     )
-    resp: web.StreamResponse | None = None
+    started = False
     conn: UpstreamConnection | None = None
     clean = False
     try:
-        conn = await _send_observed(state, request, headers, body, timer)
+        conn = await _send_observed(state, client, headers, body, timer)
         if injected and conn.status in (400, 422):
             # The backend may not know stream_options: ask again exactly as the client did.
             await conn.discard_body()
             refused = conn.status
             _release(state, conn)
-            conn = await _send_observed(state, request, headers, original_body, timer)
+            conn = await _send_observed(state, client, headers, original_body, timer)
             if conn.status < 400:
                 state.inject_usage = False
                 log.warning(
@@ -381,62 +341,62 @@ async def _forward_observed(
             state.sink.unobserved(state.backend, "encoded_response")
         elif decoding is None:
             state.sink.unobserved(state.backend, "content_type")
-        resp = web.StreamResponse(
-            status=conn.status,
-            reason=conn.reason,
-            headers=client_response_headers(up_headers, keep_length=not (is_sse and injected)),
-        )
+        out_headers = client_response_headers(up_headers, keep_length=not (is_sse and injected))
         del up_headers
-        conn.forget_headers()  # copied into ``resp``: not kept while the body streams
+        conn.forget_headers()  # copied into ``out_headers``: not kept while the body streams
         if is_sse or decoding is Decoding.NDJSON:
-            resp.headers["X-Accel-Buffering"] = "no"
-        writer = await resp.prepare(request)
-        resp.headers.clear()  # sent: not kept while the body streams (memory per open stream)
-        progress.status = resp.status
-        client = request.transport
-        if writer is None or client is None or client.is_closing():
-            return _client_left(resp)
-        chunked = bool(getattr(writer, "chunked", False))
+            out_headers["X-Accel-Buffering"] = "no"
+        status = conn.status
+        await client.start(status, conn.reason, out_headers)
+        del out_headers
+        started = True
+        progress.status = status
+        transport = client.transport
+        if transport is None or transport.is_closing():
+            return _client_left(status)
+        chunked = client.chunked
         capture = state.tracing.capture_buffer(timer) if state.tracing is not None else None
         relay: BodyRelay
         if encoded or decoding is None:
-            relay = BodyRelay(conn, client, chunked=chunked, capture=capture)
+            relay = BodyRelay(conn, transport, chunked=chunked, capture=capture)
         elif decoding is Decoding.SSE:
             timer.streamed = True
-            relay = SseRelay(conn, client, timer, state, fmt, chunked=chunked,
+            relay = SseRelay(conn, transport, timer, state, fmt, chunked=chunked,
                              strip_usage=injected, capture=capture)  # fmt: skip
         elif decoding is Decoding.NDJSON:
             timer.streamed = True
-            relay = NdjsonRelay(conn, client, timer, state, fmt, chunked=chunked, capture=capture)
+            relay = NdjsonRelay(conn, transport, timer, state, fmt, chunked=chunked,
+                                capture=capture)  # fmt: skip
         else:
-            relay = JsonRelay(conn, client, timer, state, fmt, chunked=chunked, capture=capture)
+            relay = JsonRelay(conn, transport, timer, state, fmt, chunked=chunked, capture=capture)
+        del transport
         # A body is cut (outcome timeout) after --max-stream-duration, or by the
         # watchdog once it falls silent.
         limit = cfg.max_stream_duration_s or None
         async with asyncio.timeout(limit) as deadline, state.watchdogs.watch(relay, deadline):
-            complete = await relay.run(writer)
+            complete = await relay.run(client)
         if not complete:
-            return _client_left(resp)
-        if timer.stream_error and (decoding is not Decoding.JSON or resp.status < 400):
-            result = stream_failed(resp, timer, state)
+            return _client_left(status)
+        if timer.stream_error and (decoding is not Decoding.JSON or status < 400):
+            result = stream_failed(status, timer, state)
         else:
-            result = by_status(resp)
+            result = by_status(status)
         try:
-            await resp.write_eof()
+            await client.end()
         except ConnectionError:
-            return _client_left(resp)
+            return _client_left(status)
         clean = True
         return result
     except TimeoutError:
-        if resp is None:
-            return _no_answer_in_time(cfg.read_timeout_s)
-        _abort(request, resp)
-        return RelayResult(resp, Outcome.TIMEOUT, resp.status, "timeout")
+        if not started:
+            return _no_answer_in_time(client, cfg.read_timeout_s)
+        client.abort()
+        return RelayResult(Outcome.TIMEOUT, progress.status, "timeout")
     except UpstreamError as exc:
-        if resp is None:
-            return _no_answer(cfg.backend_label, exc.kind)
-        _abort(request, resp)
-        return RelayResult(resp, Outcome.UPSTREAM_ERROR, resp.status, exc.kind)
+        if not started:
+            return _no_answer(client, cfg.backend_label, exc.kind)
+        client.abort()
+        return RelayResult(Outcome.UPSTREAM_ERROR, progress.status, exc.kind)
     finally:
         # A response not read to its end must not go back to the pool: close it,
         # which also tells the backend to stop generating.
@@ -448,10 +408,8 @@ async def _forward_observed(
                 conn.close()
 
 
-def _client_left(resp: web.StreamResponse) -> RelayResult:
-    return RelayResult(
-        resp, Outcome.CLIENT_DISCONNECT, resp.status, "client_disconnect", complete=False
-    )
+def _client_left(status: int) -> RelayResult:
+    return RelayResult(Outcome.CLIENT_DISCONNECT, status, "client_disconnect", complete=False)
 
 
 def _release(state: ProxyState, conn: UpstreamConnection) -> None:
@@ -464,7 +422,7 @@ def _release(state: ProxyState, conn: UpstreamConnection) -> None:
 
 async def _send_observed(
     state: ProxyState,
-    request: web.Request,
+    client: Inbound,
     headers: CIMultiDict[str],
     body: bytes,
     timer: StreamTimer,
@@ -474,8 +432,8 @@ async def _send_observed(
     assert pool is not None
     if state.tracing is not None:
         state.tracing.inject(timer, headers)  # the proxy's span becomes the upstream's parent
-    target = pool.path_prefix + str(request.rel_url)
-    head = request_head(request.method, target, pool.host_header, headers, len(body))
+    target = pool.path_prefix + client.target
+    head = request_head(client.method, target, pool.host_header, headers, len(body))
     conn = await pool.acquire()
     for attempt in (0, 1):
         pooled = conn.idle_since > 0

@@ -11,6 +11,9 @@ from collections.abc import Iterable
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
+Headers = CIMultiDict[str] | CIMultiDictProxy[str]
+"""Request headers as aiohttp parses them (a proxy) or as the front does (a dict)."""
+
 HOP_BY_HOP = frozenset(
     {
         "connection",
@@ -34,14 +37,14 @@ SECRET_HEADERS = frozenset(
 )
 
 
-def _connection_listed(headers: CIMultiDictProxy[str]) -> frozenset[str]:
+def _connection_listed(headers: Headers) -> frozenset[str]:
     listed: set[str] = set()
     for value in headers.getall("Connection", ()):
         listed.update(t.strip().lower() for t in value.split(",") if t.strip())
     return frozenset(listed)
 
 
-def _filtered(headers: CIMultiDictProxy[str], drop: Iterable[str]) -> CIMultiDict[str]:
+def _filtered(headers: Headers, drop: Iterable[str]) -> CIMultiDict[str]:
     skip = HOP_BY_HOP | _connection_listed(headers) | frozenset(drop)
     out: CIMultiDict[str] = CIMultiDict()
     for k, v in headers.items():
@@ -51,7 +54,7 @@ def _filtered(headers: CIMultiDictProxy[str], drop: Iterable[str]) -> CIMultiDic
 
 
 def upstream_request_headers(
-    headers: CIMultiDictProxy[str],
+    headers: Headers,
     *,
     client_ip: str | None,
     scheme: str,

@@ -18,11 +18,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import aiohttp
-from aiohttp import web
-from aiohttp.abc import AbstractStreamWriter
 
 from proxy.core.decoders.ndjson import NdjsonDecoder, NdjsonLine
 from proxy.core.decoders.openai import OUTPUT
@@ -49,8 +47,6 @@ SHAPE_TRIES = 4
 class RelayResult:
     """How relaying a response ended."""
 
-    response: web.StreamResponse
-    """What the handler returns to aiohttp."""
     outcome: Outcome
     """Outcome to record."""
     status: int
@@ -61,23 +57,35 @@ class RelayResult:
     """The body was relayed to its end (so the response may end cleanly)."""
 
 
-def _disconnected(resp: web.StreamResponse) -> RelayResult:
-    return RelayResult(
-        resp, Outcome.CLIENT_DISCONNECT, resp.status, "client_disconnect", complete=False
-    )
+class Drainable(Protocol):
+    """Where a relay waits for the client to drain (``proxy.edge.inbound.Inbound``)."""
+
+    async def drain(self) -> None:
+        """Wait until the client's buffer has room (``ConnectionError`` if it went away)."""
+        ...
 
 
-async def relay_plain(up: aiohttp.ClientResponse, resp: web.StreamResponse) -> RelayResult:
+class Writable(Drainable, Protocol):
+    """What ``relay_plain`` writes to (``proxy.edge.inbound.Inbound``)."""
+
+    async def write(self, data: bytes) -> None:
+        """Send body bytes, waiting while the client's buffer is full."""
+        ...
+
+
+async def relay_plain(up: aiohttp.ClientResponse, client: Writable) -> RelayResult:
     """Copy an unobserved body unchanged, read by read (aiohttp's client: not the hot path)."""
     content = up.content
+    status = up.status
     while True:
         chunk = await content.readany()
         if not chunk:
-            return RelayResult(resp, Outcome.OK, resp.status)
+            return RelayResult(Outcome.OK, status)
         try:
-            await resp.write(chunk)
+            await client.write(chunk)
         except ConnectionError:
-            return _disconnected(resp)
+            return RelayResult(Outcome.CLIENT_DISCONNECT, status, "client_disconnect",
+                               complete=False)  # fmt: skip
 
 
 class BodyRelay:
@@ -185,7 +193,7 @@ class BodyRelay:
         if w is not None and not w.done():
             w.set_result(None)
 
-    async def run(self, writer: AbstractStreamWriter) -> bool:
+    async def run(self, writer: Drainable) -> bool:
         """Relay until the body ends; ``False`` when the client went away first.
 
         Raises the upstream's ``UpstreamError`` when the body broke off.
@@ -437,17 +445,16 @@ class JsonRelay(TimedRelay):
                 self._timer.chunk(replace(info, output=False), state.clock())
 
 
-def stream_failed(resp: web.StreamResponse, timer: StreamTimer, state: ProxyState) -> RelayResult:
+def stream_failed(status: int, timer: StreamTimer, state: ProxyState) -> RelayResult:
     """The upstream reported an error inside its body: its type, bounded in number."""
     kind = state.error_kinds.label(timer.stream_error)
-    return RelayResult(resp, Outcome.UPSTREAM_ERROR, resp.status, kind)
+    return RelayResult(Outcome.UPSTREAM_ERROR, status, kind)
 
 
-def by_status(resp: web.StreamResponse) -> RelayResult:
+def by_status(status: int) -> RelayResult:
     """A relayed response is the upstream's error when its status says so."""
-    status = resp.status
     if status >= 500:
-        return RelayResult(resp, Outcome.UPSTREAM_ERROR, status, str(status))
+        return RelayResult(Outcome.UPSTREAM_ERROR, status, str(status))
     if status >= 400:
-        return RelayResult(resp, Outcome.OK, status, str(status))
-    return RelayResult(resp, Outcome.OK, status)
+        return RelayResult(Outcome.OK, status, str(status))
+    return RelayResult(Outcome.OK, status)

@@ -112,7 +112,7 @@ class Tracing:
         sink: Sink,
         watcher: StreamWatcher | None,
         request_model: str,
-        headers: CIMultiDictProxy[str],
+        headers: CIMultiDict[str] | CIMultiDictProxy[str],
         body: Mapping[str, object] | None,
     ) -> TracedTimer:
         """The request's timer, with its span started as a child of the client's context."""
