@@ -1,13 +1,15 @@
 """The proxy's HTTP application: forward everything, time the token streams.
 
-``create_app`` wires one upstream. Every method and path is forwarded; the
-routes of ``proxy.core.decoders.registry`` (OpenAI chat and completions, Anthropic
-Messages, OpenAI Responses, Ollama, TGI and llama.cpp native) are also
-observed, when the response's content type is the format's framing or JSON
-(anything else is relayed untouched and counted as unobserved). Bytes go to
-the client as they are read, unchanged; the stamp is taken right after each
-read, before the bytes are written or looked at (``proxy.core.timing`` explains
-what shares a stamp).
+``exchange`` forwards one request, whichever side read it: the proxy
+listener's own connections (``proxy.edge.front``) or aiohttp's server
+(``handle``, the application ``create_app`` wires for one upstream). Every
+method and path is forwarded; the routes of ``proxy.core.decoders.registry``
+(OpenAI chat and completions, Anthropic Messages, OpenAI Responses, Ollama,
+TGI and llama.cpp native) are also observed, when the response's content
+type is the format's framing or JSON (anything else is relayed untouched and
+counted as unobserved). Bytes go to the client as they are read, unchanged;
+the stamp is taken right after each read, before the bytes are written or
+looked at (``proxy.core.timing`` explains what shares a stamp).
 
 Errors are mapped in a fixed order, most specific first. Before the response
 starts: upstream timeout 504, any other upstream failure 502, both with a
@@ -312,6 +314,7 @@ async def _forward_observed(
     headers = upstream_request_headers(
         client.headers, client_ip=client.remote, scheme=client.scheme, identity=True
     )
+    client.forget_headers()  # copied into ``headers``: not kept while the body streams
     started = False
     conn: UpstreamConnection | None = None
     clean = False

@@ -72,6 +72,10 @@ class Inbound(Protocol):
         """The client's connection is closed or closing."""
         ...
 
+    def forget_headers(self) -> None:
+        """The request headers are not read again: let them go while the body streams."""
+        ...
+
     async def read_body(self, limit: int) -> bytes:
         """The whole request body; ``Refused`` (413) once it passes ``limit`` bytes."""
         ...
@@ -140,6 +144,9 @@ class AiohttpInbound:
         """The client's connection is closed or closing."""
         t = self.request.transport
         return t is None or t.is_closing()
+
+    def forget_headers(self) -> None:
+        """Nothing to let go: the aiohttp request keeps its headers anyway."""
 
     async def read_body(self, limit: int) -> bytes:
         """The whole request body; ``Refused`` (413) once it passes ``limit`` bytes."""

@@ -8,6 +8,7 @@ then everything closes and the process exits 0.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import os
@@ -39,6 +40,7 @@ from proxy.core.stall_detector import StallSettings
 from proxy.core.timing import StreamWatcher
 from proxy.edge.admin import create_admin_app
 from proxy.edge.app import create_app
+from proxy.edge.front import Front
 from proxy.edge.heap import HeapTrimmer
 from proxy.edge.state import STATE, ProxyState
 from proxy.edge.tracing import Tracing
@@ -90,8 +92,11 @@ class RunningProxy:
     """Base URL of the admin listener."""
     stalls: BackendView | None
     """The backend view detecting stalls (``None`` with ``--no-stall-detection``)."""
+    front: Front = field(repr=False)
+    """The proxy listener's connections (``proxy.edge.front``)."""
     _proxy_runner: web.AppRunner = field(repr=False)
     _admin_runner: web.AppRunner = field(repr=False)
+    _listener: asyncio.Server = field(repr=False)
     telemetry: Telemetry | None = None
     """OTLP providers built from the configuration (``None`` when off or injected)."""
     timeline: TimelineBuffer | None = None
@@ -105,14 +110,16 @@ class RunningProxy:
         self.state.draining = True  # readiness 503; responses now say Connection: close
         if self.config.drain_delay_s and drain_timeout_s is None:
             await asyncio.sleep(self.config.drain_delay_s)  # let the load balancer notice
-        for site in list(self._proxy_runner.sites):
-            await site.stop()
+        self._listener.close()  # stop accepting; open connections go on
         deadline = time.monotonic() + timeout
         while self.state.in_flight > 0 and time.monotonic() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.05)
         if self.state.in_flight:
             log.warning("drain timeout: %d requests still open, closing them", self.state.in_flight)
+        self.front.close_all()
         await self._proxy_runner.cleanup()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._listener.wait_closed(), 1.0)
         await self._admin_runner.cleanup()
         if self.state.tracing is not None:
             self.state.tracing.close()
@@ -120,8 +127,8 @@ class RunningProxy:
             await self.telemetry.shutdown()
 
 
-def _site_url(runner: web.AppRunner, want: HostPort) -> str:
-    for addr in runner.addresses:
+def _site_url(addresses: list[object], want: HostPort) -> str:
+    for addr in addresses:
         if isinstance(addr, tuple) and len(addr) >= 2:
             host = want.host if want.host not in ("0.0.0.0", "::") else "127.0.0.1"
             return f"http://{host}:{addr[1]}" if ":" not in host else f"http://[{host}]:{addr[1]}"
@@ -134,6 +141,16 @@ async def _start_site(runner: web.AppRunner, where: HostPort, key: str) -> None:
         await site.start()
     except OSError as exc:
         raise ConfigError(f"{key}: cannot listen on {where}: {exc.strerror or exc}") from None
+
+
+async def _listen(front: Front, where: HostPort) -> asyncio.Server:
+    """The proxy listener: the front's connections (``proxy.edge.front``)."""
+    loop = asyncio.get_running_loop()
+    try:
+        return await loop.create_server(front, where.host, where.port, reuse_address=True,
+                                        backlog=128)  # fmt: skip
+    except OSError as exc:
+        raise ConfigError(f"--listen: cannot listen on {where}: {exc.strerror or exc}") from None
 
 
 def stall_settings(config: ProxyConfig) -> StallSettings:
@@ -278,10 +295,15 @@ async def start_proxy(
     admin_runner = web.AppRunner(admin, access_log=None, shutdown_timeout=1.0)
     await proxy_runner.setup()
     await admin_runner.setup()
+    assert proxy_runner.server is not None
+    front = Front(state, proxy_runner.server)
+    listener: asyncio.Server | None = None
     try:
-        await _start_site(proxy_runner, config.listen, "--listen")
+        listener = await _listen(front, config.listen)
         await _start_site(admin_runner, config.admin, "--admin")
     except ConfigError:
+        if listener is not None:
+            listener.close()
         await proxy_runner.cleanup()
         await admin_runner.cleanup()
         if telemetry is not None:
@@ -291,11 +313,13 @@ async def start_proxy(
         config=config,
         registry=registry,
         state=state,
-        url=_site_url(proxy_runner, config.listen),
-        admin_url=_site_url(admin_runner, config.admin),
+        url=_site_url([s.getsockname() for s in listener.sockets], config.listen),
+        admin_url=_site_url(list(admin_runner.addresses), config.admin),
         stalls=view,
         _proxy_runner=proxy_runner,
         _admin_runner=admin_runner,
+        front=front,
+        _listener=listener,
         telemetry=telemetry,
         timeline=timeline,
         advisor=advisor,

@@ -1,0 +1,245 @@
+"""The proxy listener's own connections (``proxy.edge.front``), over raw sockets.
+
+Observed requests in the plain HTTP/1.1 form are served by the front; every
+other request goes to aiohttp's server at its first byte, and is answered as
+before. Each test says which of the two served it (``served``, ``handed_off``)
+and checks what the client and the upstream saw, byte for byte.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from proxy.edge.server import RunningProxy
+from tests.conftest import Script
+
+CHAT = "/v1/chat/completions"
+BODY = json.dumps({"model": "m", "messages": []}).encode()  # not streamed: no usage asked
+EVENTS = [
+    b'data: {"id":"c1","object":"chat.completion.chunk","model":"m","choices":[{"index":0,'
+    b'"delta":{"content":"%s"},"finish_reason":null}]}\n\n' % w
+    for w in (b"a", b"b", b"c")
+] + [b"data: [DONE]\n\n"]
+
+
+def _post(path: str = CHAT, body: bytes = BODY, extra: str = "") -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: p\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n{extra}\r\n").encode() + body  # fmt: skip
+
+
+async def _response(reader: asyncio.StreamReader) -> tuple[bytes, dict[str, str], bytes]:
+    """One HTTP/1.x response: status line, headers (lower-cased names), de-chunked body.
+
+    An interim ``100 Continue`` is read past."""
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    while head.split(b" ", 2)[1] == b"100":
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines[1:]:
+        if line:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+    if "content-length" in headers:
+        body = await reader.readexactly(int(headers["content-length"]))
+    elif headers.get("transfer-encoding") == "chunked":
+        body = b""
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).strip(), 16)
+            data = await reader.readexactly(size + 2)
+            if size == 0:
+                break
+            body += data[:-2]
+    else:
+        body = await asyncio.wait_for(reader.read(), 10)
+    return lines[0].encode(), headers, body
+
+
+async def _connect(p: RunningProxy) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    host, port = p.url.removeprefix("http://").split(":")
+    return await asyncio.open_connection(host, int(port))
+
+
+@pytest.fixture
+async def proxy(upstream, proxy_factory) -> RunningProxy:
+    upstream.script = Script([(0.0, e) for e in EVENTS])
+    return await proxy_factory(upstream.url)
+
+
+async def test_an_observed_request_is_served_by_the_front_and_keeps_the_connection(proxy, upstream):
+    reader, writer = await _connect(proxy)
+    try:
+        for _ in range(3):
+            writer.write(_post())
+            status, headers, body = await _response(reader)
+            assert status == b"HTTP/1.1 200 OK"
+            assert headers["content-type"] == "text/event-stream"
+            assert headers["transfer-encoding"] == "chunked"
+            assert "connection" not in headers
+            assert body == b"".join(EVENTS)
+    finally:
+        writer.close()
+    assert (proxy.front.served, proxy.front.handed_off) == (3, 0)
+    assert [r["body"] for r in upstream.requests] == [BODY] * 3
+    assert proxy.state.in_flight == 0
+
+
+async def test_a_body_trickled_byte_by_byte_reaches_the_upstream_whole(proxy, upstream):
+    reader, writer = await _connect(proxy)
+    try:
+        request = _post()
+        for i in range(0, len(request), 7):
+            writer.write(request[i : i + 7])
+            await writer.drain()
+            await asyncio.sleep(0.002)
+        status, _, body = await _response(reader)
+    finally:
+        writer.close()
+    assert status == b"HTTP/1.1 200 OK"
+    assert body == b"".join(EVENTS)
+    assert upstream.requests[0]["body"] == BODY
+    assert proxy.front.served == 1
+
+
+async def test_pipelined_requests_are_answered_in_order_whoever_serves_them(proxy, upstream):
+    """Two observed requests, then one only forwarded, in one write: the third is
+    handed to aiohttp at its first byte and answered by it."""
+    reader, writer = await _connect(proxy)
+    try:
+        other = b"GET /v1/models?x=1 HTTP/1.1\r\nHost: p\r\n\r\n"
+        writer.write(_post() + _post() + other)
+        answers = [await _response(reader) for _ in range(3)]
+    finally:
+        writer.close()
+    assert [a[0] for a in answers] == [b"HTTP/1.1 200 OK"] * 3
+    assert [a[2] for a in answers[:2]] == [b"".join(EVENTS)] * 2
+    assert answers[2][2] == b"".join(EVENTS)  # the upstream plays its script on any route
+    assert [(r["method"], r["path"]) for r in upstream.requests] == [
+        ("POST", CHAT),
+        ("POST", CHAT),
+        ("GET", "/v1/models?x=1"),
+    ]
+    assert (proxy.front.served, proxy.front.handed_off) == (2, 1)
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        pytest.param(
+            b"POST " + CHAT.encode() + b" HTTP/1.1\r\nHost: p\r\nTransfer-Encoding: "
+            b"chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(BODY), BODY),
+            id="chunked-body",
+        ),
+        pytest.param(_post(extra="Expect: 100-continue\r\n"), id="expect-continue"),
+        pytest.param(_post().replace(b"HTTP/1.1", b"HTTP/1.0", 1), id="http-1.0"),
+        pytest.param(_post(path=CHAT + "?a=%41"), id="percent-encoded-target"),
+    ],
+)
+async def test_a_request_in_another_form_is_handed_to_aiohttp_and_answered(
+    proxy, upstream, request_bytes
+):
+    reader, writer = await _connect(proxy)
+    try:
+        writer.write(request_bytes)
+        status, _, body = await _response(reader)
+    finally:
+        writer.close()
+    assert status.endswith(b" 200 OK")
+    assert body == b"".join(EVENTS)
+    assert upstream.requests[0]["body"] == BODY
+    assert (proxy.front.served, proxy.front.handed_off) == (0, 1)
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        pytest.param(b"POST /v1/chat/completions HTTP/1.1\r\nHost p\r\n\r\n", id="no-colon"),
+        pytest.param(_post().replace(b"\r\n", b"\n"), id="bare-lf-head"),
+        pytest.param(b"POST /v1/chat/completions HTTP/1.1\r\nX: " + b"x" * 70000, id="huge-head"),
+        pytest.param(_post(extra="X: " + "x" * 9000 + "\r\n"), id="long-field"),
+        pytest.param(_post(extra="".join(f"X-{i}: y\r\n" for i in range(200))), id="many-fields"),
+    ],
+)
+async def test_a_request_that_is_not_http_gets_aiohttps_400(proxy, upstream, request_bytes):
+    reader, writer = await _connect(proxy)
+    try:
+        writer.write(request_bytes)
+        status, _, _ = await _response(reader)
+    finally:
+        writer.close()
+    assert b" 400 " in status
+    assert upstream.requests == []
+    assert proxy.front.handed_off == 1
+
+
+async def test_connection_close_is_answered_and_honoured(proxy):
+    reader, writer = await _connect(proxy)
+    try:
+        writer.write(_post(extra="Connection: close\r\n"))
+        status, headers, body = await _response(reader)
+        assert status == b"HTTP/1.1 200 OK"
+        assert body == b"".join(EVENTS)
+        assert headers["connection"] == "close"
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # the proxy closed it
+    finally:
+        writer.close()
+
+
+async def test_an_idle_connection_is_closed_after_the_header_timeout(upstream, proxy_factory):
+    upstream.script = Script([(0.0, e) for e in EVENTS])
+    p = await proxy_factory(upstream.url, header_timeout_s=0.5)
+    reader, writer = await _connect(p)
+    try:
+        writer.write(_post())
+        await _response(reader)
+        loop = asyncio.get_running_loop()
+        idle_from = loop.time()
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        assert 0.4 < loop.time() - idle_from < 3
+    finally:
+        writer.close()
+
+
+async def test_a_declared_body_over_the_limit_is_refused_and_the_connection_closed(
+    upstream, proxy_factory
+):
+    p = await proxy_factory(upstream.url, max_body_bytes=100)
+    reader, writer = await _connect(p)
+    try:
+        writer.write(_post(body=b"{" + b" " * 200 + b"}"))
+        status, headers, body = await _response(reader)
+        assert status == b"HTTP/1.1 413 Request Entity Too Large"
+        assert headers["x-tokenstamp-error"] == "body_too_large"
+        assert headers["connection"] == "close"
+        assert json.loads(body)["error"]["type"] == "body_too_large"
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+    finally:
+        writer.close()
+    assert upstream.requests == []
+
+
+async def test_a_client_gone_mid_stream_closes_the_upstream(upstream, proxy_factory):
+    upstream.script = Script([(0.0, EVENTS[0])] + [(0.05, EVENTS[1])] * 200)
+    p = await proxy_factory(upstream.url)
+    reader, writer = await _connect(p)
+    writer.write(_post())
+    await reader.readuntil(b"\r\n\r\n")
+    await reader.readuntil(b"\n\n")
+    loop = asyncio.get_running_loop()
+    gone_at = loop.time()
+    writer.transport.abort()
+    for _ in range(100):
+        if upstream.closed:
+            break
+        await asyncio.sleep(0.01)
+    assert upstream.closed
+    assert upstream.closed[0] - gone_at < 0.5
+    for _ in range(100):
+        if p.state.in_flight == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert p.state.in_flight == 0
+    assert not p.front.connections
