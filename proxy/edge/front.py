@@ -34,7 +34,7 @@ from typing import cast
 
 import httptools
 from aiohttp import web
-from aiohttp.tcp_helpers import tcp_keepalive
+from aiohttp.tcp_helpers import tcp_keepalive, tcp_nodelay
 from multidict import CIMultiDict
 
 from proxy.core.decoders.registry import route
@@ -188,7 +188,10 @@ class FrontConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport = cast(asyncio.Transport, transport)
-        tcp_keepalive(transport)  # as aiohttp's server does: dead peers are found
+        # As aiohttp's server does: dead peers are found, and a token goes out at once
+        # (no Nagle delay behind an unacknowledged one).
+        tcp_keepalive(transport)
+        tcp_nodelay(transport, True)
         peer = transport.get_extra_info("peername")
         self.remote = peer[0] if isinstance(peer, tuple) and peer else None
         self._front.connections.add(self)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 
 import pytest
 
@@ -243,3 +244,18 @@ async def test_a_client_gone_mid_stream_closes_the_upstream(upstream, proxy_fact
         await asyncio.sleep(0.01)
     assert p.state.in_flight == 0
     assert not p.front.connections
+
+
+async def test_the_front_sets_keepalive_probes_and_no_nagle_like_aiohttp(proxy):
+    """SO_KEEPALIVE (a dead peer of a long stream is found) and TCP_NODELAY (a token
+    goes out at once) on the client's socket, as aiohttp's server sets them."""
+    reader, writer = await _connect(proxy)
+    try:
+        writer.write(_post())
+        await _response(reader)
+        (conn,) = proxy.front.connections
+        sock = conn.transport.get_extra_info("socket")
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE)
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+    finally:
+        writer.close()
