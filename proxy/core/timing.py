@@ -45,24 +45,20 @@ class StreamWatcher(Protocol):
 log = logging.getLogger("tokenstamp.proxy")
 
 
-_GapTargets = tuple[Callable[[str, int, int], None], ...]
-
-_last_targets: list[tuple[StreamWatcher | None, _GapTargets]] = [(None, ())]
-"""The watcher seen last and its targets: a proxy has one watcher, so every stream shares
-one tuple of bound methods instead of building its own (memory per open stream)."""
+GapTargets = tuple[Callable[[str, int, int], None], ...]
+"""The ``gap`` of each watcher, which a timer calls itself on every gap."""
 
 
-def _gap_targets(watcher: StreamWatcher | None) -> _GapTargets:
-    """Each watcher's ``gap``, called by the timer itself (a fan-out's watchers unpacked)."""
-    last, cached = _last_targets[0]
-    if watcher is last:
-        return cached
-    targets: _GapTargets = ()
-    if watcher is not None:
-        inner: tuple[StreamWatcher, ...] = getattr(watcher, "watchers", (watcher,))
-        targets = tuple(w.gap for w in inner)
-    _last_targets[0] = (watcher, targets)
-    return targets
+def gap_targets(watcher: StreamWatcher | None) -> GapTargets:
+    """Each watcher's ``gap`` (a fan-out's watchers unpacked), for a timer to call itself.
+
+    A proxy builds this once and hands it to every timer: one shared tuple of bound
+    methods instead of one a stream (memory per open stream).
+    """
+    if watcher is None:
+        return ()
+    inner: tuple[StreamWatcher, ...] = getattr(watcher, "watchers", (watcher,))
+    return tuple(w.gap for w in inner)
 
 
 class StreamTimer:
@@ -112,7 +108,9 @@ class StreamTimer:
         sink: Sink,
         watcher: StreamWatcher | None = None,
         request_model: str = "",
+        watcher_gaps: GapTargets | None = None,
     ) -> None:
+        """``watcher_gaps``: ``gap_targets(watcher)``, when the caller built it once already."""
         self.request_id = request_id
         self.labels = labels
         self.arrival_ns = arrival_ns
@@ -120,7 +118,7 @@ class StreamTimer:
         self.request_model = request_model
         self._sink = sink
         self._watcher = watcher
-        self._gap_targets = _gap_targets(watcher)
+        self._gap_targets = gap_targets(watcher) if watcher_gaps is None else watcher_gaps
         self.forwarded_ns: int | None = None
         self.first_token_ns: int | None = None
         self.last_token_ns: int | None = None

@@ -39,7 +39,7 @@ from proxy.core.decoders.registry import Decoding, Format, choose, route
 from proxy.core.labels import ModelLabeler
 from proxy.core.prompt_size import estimate_prompt_tokens
 from proxy.core.records import Backend, Outcome, RequestLabels, Sink
-from proxy.core.timing import StreamTimer, StreamWatcher
+from proxy.core.timing import StreamTimer, StreamWatcher, gap_targets
 from proxy.core.usage import inject, wants_injection
 from proxy.edge.headers import Headers, client_response_headers, upstream_request_headers
 from proxy.edge.inbound import AiohttpInbound, Inbound, Refused
@@ -135,6 +135,7 @@ def _start_timer(
             request_model=request_model,
             headers=client.headers,
             body=body,
+            watcher_gaps=state.watcher_gaps,
         )
     return StreamTimer(
         request_id(client.headers),
@@ -144,6 +145,7 @@ def _start_timer(
         sink=state.sink,
         watcher=state.watcher,
         request_model=request_model,
+        watcher_gaps=state.watcher_gaps,
     )
 
 
@@ -507,6 +509,7 @@ def create_app(
         labeler=ModelLabeler(config.model_label_limit, config.model_allowlist),
         watchdogs=Watchdogs(config.read_timeout_s),
         watcher=watcher,
+        watcher_gaps=gap_targets(watcher),
         stalls=stalls,
         tracing=tracing,
         # llama.cpp moves its `timings` into the usage chunk it is asked for, so

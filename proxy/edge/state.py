@@ -18,7 +18,7 @@ from proxy.config import ProxyConfig
 from proxy.core.backend_view import BackendView
 from proxy.core.labels import ErrorKindLabeler, ModelLabeler
 from proxy.core.records import Backend, Sink
-from proxy.core.timing import StreamWatcher
+from proxy.core.timing import GapTargets, StreamWatcher
 from proxy.edge.tasks import TaskSet
 from proxy.edge.upstream import UpstreamPool
 from proxy.edge.watchdog import Watchdogs
@@ -48,6 +48,8 @@ class ProxyState:
     """Bounded ``error.type`` values reported by the upstream in its stream."""
     watcher: StreamWatcher | None = None
     """What sees every stream's events: the stall view, and any extra watcher."""
+    watcher_gaps: GapTargets = ()
+    """``gap_targets(watcher)``, built once: every timer of the proxy shares it."""
     stalls: BackendView | None = None
     """The backend's stall view, when stall detection is on."""
     tracing: Tracing | None = None

@@ -29,7 +29,7 @@ from exporters.fanout import ErrorLog
 from exporters.otel_content import output_messages
 from exporters.otel_spans import RequestSpan, SpanRecorder
 from proxy.core.records import Outcome, RequestLabels, RequestRecord, Sink
-from proxy.core.timing import StreamTimer, StreamWatcher
+from proxy.core.timing import GapTargets, StreamTimer, StreamWatcher
 
 if TYPE_CHECKING:
     pass
@@ -66,6 +66,7 @@ class TracedTimer(StreamTimer):
         watcher: StreamWatcher | None,
         request_model: str,
         tracing: Tracing,
+        watcher_gaps: GapTargets | None = None,
     ) -> None:
         super().__init__(
             request_id,
@@ -75,6 +76,7 @@ class TracedTimer(StreamTimer):
             sink=sink,
             watcher=watcher,
             request_model=request_model,
+            watcher_gaps=watcher_gaps,
         )
         self.tracing = tracing
         """The adapter that started the span."""
@@ -114,6 +116,7 @@ class Tracing:
         request_model: str,
         headers: CIMultiDict[str] | CIMultiDictProxy[str],
         body: Mapping[str, object] | None,
+        watcher_gaps: GapTargets | None = None,
     ) -> TracedTimer:
         """The request's timer, with its span started as a child of the client's context."""
         timer = TracedTimer(
@@ -125,6 +128,7 @@ class Tracing:
             watcher=watcher,
             request_model=request_model,
             tracing=self,
+            watcher_gaps=watcher_gaps,
         )
         try:
             parent = self._propagator.extract(headers)

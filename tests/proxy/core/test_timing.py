@@ -6,7 +6,7 @@ import pytest
 
 from proxy.core.decoders.openai import ChunkInfo, Usage
 from proxy.core.records import Backend, Outcome, RequestLabels, RequestRecord
-from proxy.core.timing import StreamTimer
+from proxy.core.timing import StreamTimer, gap_targets
 from proxy.timeline.tokenlog import FanoutWatcher
 
 MS = 1_000_000
@@ -167,3 +167,18 @@ def test_each_timer_sends_its_gaps_to_its_own_watchers_whichever_came_before():
         one_gap(watcher, at_ms)
     gaps = [[c[1] // MS for c in w.calls if c[0] == "gap"] for w in (first, second, third)]
     assert gaps == [[10, 30], [20, 50], [20, 50]]
+
+
+def test_timers_given_the_proxys_gap_targets_call_them_and_nothing_else():
+    """A proxy builds ``gap_targets`` once and hands the one tuple to every timer."""
+    second, third, other = Watch(), Watch(), Watch()
+    shared = gap_targets(FanoutWatcher(second, third))
+    assert shared == (second.gap, third.gap)
+    for at_ms in (10, 20):
+        t = StreamTimer("r", LABELS, arrival_ns=0, start_unix_ns=0, sink=Recorder(),
+                        watcher=other, watcher_gaps=shared)  # fmt: skip
+        t.output(at_ms * MS)
+        t.output((at_ms + 1) * MS)
+    gaps = [[c[1] // MS for c in w.calls if c[0] == "gap"] for w in (second, third, other)]
+    assert gaps == [[10, 20], [10, 20], []]
+    assert gap_targets(None) == ()
