@@ -259,3 +259,26 @@ async def test_the_front_sets_keepalive_probes_and_no_nagle_like_aiohttp(proxy):
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
     finally:
         writer.close()
+
+
+async def test_a_body_that_is_not_json_is_forwarded_unobserved_by_the_front(
+    upstream, proxy_factory
+):
+    """The front serves it; ``exchange`` forwards it on aiohttp's client, unobserved, and
+    the upstream's ``Content-Length`` answer goes back with its length."""
+    upstream.script = Script([(0.0, b'{"ok": true}')], content_type="application/json")
+    upstream.script.headers = {"Content-Length": "12"}
+    p = await proxy_factory(upstream.url)
+    reader, writer = await _connect(p)
+    try:
+        for body in (b"not json", b""):
+            writer.write(_post(body=body))
+            status, headers, got = await _response(reader)
+            assert status == b"HTTP/1.1 200 OK"
+            assert headers["content-length"] == "12"
+            assert "transfer-encoding" not in headers
+            assert got == b'{"ok": true}'
+    finally:
+        writer.close()
+    assert [r["body"] for r in upstream.requests] == [b"not json", b""]
+    assert (p.front.served, p.front.handed_off) == (2, 0)
