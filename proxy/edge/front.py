@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from email.utils import formatdate
 from http import HTTPStatus
@@ -56,6 +57,10 @@ PIPELINE_LIMIT = 65536
 
 _HEAD, _BODY, _BUSY, _DONE = range(4)
 """A connection waits for a head, reads a body, serves a request, or is no longer ours."""
+
+_REQUEST_START = re.compile(rb"(?:\r?\n)*[A-Z]{0,16}(?: |$)")
+"""What a request line can start with: a method (after blank lines), so far. Anything else
+(TLS, HTTP/2's preface, a binary protocol) goes to aiohttp at once, which answers 400."""
 
 _NO_HEADERS: CIMultiDict[str] = CIMultiDict()
 """The headers of a request whose own were let go (never written to)."""
@@ -265,7 +270,12 @@ class FrontConnection(asyncio.Protocol):
         buf = self._buf
         end = buf.find(b"\r\n\r\n")
         if end < 0:
-            if len(buf) > HEAD_LIMIT or b"\n\n" in buf or b"\n\r\n" in buf:
+            if (
+                len(buf) > HEAD_LIMIT
+                or b"\n\n" in buf
+                or b"\n\r\n" in buf
+                or _REQUEST_START.match(buf) is None
+            ):
                 self._hand_off()  # not a head this front reads: aiohttp answers it
             return
         size = end + 4

@@ -162,6 +162,8 @@ async def test_a_request_in_another_form_is_handed_to_aiohttp_and_answered(
         pytest.param(b"POST /v1/chat/completions HTTP/1.1\r\nX: " + b"x" * 70000, id="huge-head"),
         pytest.param(_post(extra="X: " + "x" * 9000 + "\r\n"), id="long-field"),
         pytest.param(_post(extra="".join(f"X-{i}: y\r\n" for i in range(200))), id="many-fields"),
+        pytest.param(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", id="tls-hello"),
+        pytest.param(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", id="http2-preface"),
     ],
 )
 async def test_a_request_that_is_not_http_gets_aiohttps_400(proxy, upstream, request_bytes):
