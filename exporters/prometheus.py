@@ -16,9 +16,8 @@ timer decides), so the cost stays per request, not per token.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from exporters import names
 from exporters.fast_histogram import FastHistogram, HistogramChild
@@ -37,12 +36,10 @@ def _doc(inst: names.Instrument) -> str:
     return f"{inst.description} ({inst.name}, unit {inst.unit})"
 
 
-def histogram(inst: names.Instrument, registry: CollectorRegistry) -> Histogram:
-    """The Prometheus histogram of a METRICS.md instrument."""
+def histogram(inst: names.Instrument, registry: CollectorRegistry) -> FastHistogram:
+    """The Prometheus histogram of a METRICS.md instrument (the lock-free one)."""
     assert inst.kind is names.Kind.HISTOGRAM, inst.name
-    return Histogram(
-        inst.prom_name, _doc(inst), inst.prom_labels, registry=registry, buckets=inst.buckets
-    )
+    return FastHistogram(inst.prom_name, _doc(inst), inst.prom_labels, inst.buckets, registry)
 
 
 def counter(inst: names.Instrument, registry: CollectorRegistry) -> Counter:
@@ -62,16 +59,35 @@ def status_class(code: int) -> str:
     return f"{code // 100}xx" if 100 <= code <= 599 else "none"
 
 
-@dataclass(slots=True)
 class _Children:
-    """Label children of one request label set."""
+    """Label children of one request label set, each made at its first use.
 
-    gap: HistogramChild
-    active: Gauge
+    A child is made where prometheus_client's ``labels()`` would have been
+    called (so no series appears before its first observation), then kept:
+    per request the sink does dictionary lookups, not ``labels()`` calls.
+    """
+
+    __slots__ = ("active", "counters", "gap", "hists", "values")
+
+    def __init__(
+        self, values: tuple[str, str, str, str], gap: HistogramChild, active: Gauge
+    ) -> None:
+        self.values = values
+        """Values of ``names.REQUEST_ATTRS`` in order."""
+        self.gap = gap
+        self.active = active
+        self.hists: dict[tuple[object, ...], HistogramChild] = {}
+        """By (family, extra label values)."""
+        self.counters: dict[tuple[object, ...], Counter] = {}
+        """By (family, extra label values)."""
 
 
 class PrometheusSink:
-    """A ``proxy.core.records.Sink`` writing Prometheus metrics into ``registry``."""
+    """A ``proxy.core.records.Sink`` writing Prometheus metrics into ``registry``.
+
+    Every histogram is a ``FastHistogram`` (lock-free, same exposition, no
+    ``_created`` series): the proxy observes from its one event-loop thread.
+    """
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
@@ -79,11 +95,7 @@ class PrometheusSink:
         self._ttft = histogram(names.TTFT, registry)
         self._cache_ttft = histogram(names.PREFIX_CACHE_TTFT, registry)
         self._tpot = histogram(names.TPOT, registry)
-        # Every inter-token gap lands here: the lock-free histogram (same exposition).
-        self._gap = FastHistogram(
-            names.GAP.prom_name, _doc(names.GAP), names.GAP.prom_labels, names.GAP.buckets,
-            registry,
-        )  # fmt: skip
+        self._gap = histogram(names.GAP, registry)
         self._duration = histogram(names.DURATION, registry)
         self._tokens = histogram(names.TOKEN_USAGE, registry)
         self._max_gap = histogram(names.MAX_GAP, registry)
@@ -100,8 +112,6 @@ class PrometheusSink:
         self._stalls = counter(names.STALLS, registry)
         self._stutter_cost = counter(names.STUTTER_COST, registry)
         self._children: dict[RequestLabels, _Children] = {}
-        # TTFT children apart: made at a first token, so no stream-less series appear.
-        self._ttft_children: dict[RequestLabels, Histogram] = {}
         self.slo_ttft_s = float("inf")
         """TTFT target for ``tokenstamp_requests_slo_total``."""
         self.slo_tpot_s = float("inf")
@@ -117,9 +127,25 @@ class PrometheusSink:
         ch = self._children.get(labels)
         if ch is None:
             values = self.request_label_values(labels)
-            ch = _Children(gap=self._gap.labels(*values), active=self._active.labels(*values))
+            ch = _Children(values, self._gap.labels(*values), self._active.labels(*values))
             self._children[labels] = ch
         return ch
+
+    @staticmethod
+    def _hist(ch: _Children, family: FastHistogram, *extra: str) -> HistogramChild:
+        key = (family, *extra)
+        child = ch.hists.get(key)
+        if child is None:
+            child = ch.hists[key] = family.labels(*ch.values, *extra)
+        return child
+
+    @staticmethod
+    def _count(ch: _Children, family: Counter, *extra: str) -> Counter:
+        key = (family, *extra)
+        child = ch.counters.get(key)
+        if child is None:
+            child = ch.counters[key] = family.labels(*ch.values, *extra)
+        return child
 
     def request_started(self, labels: RequestLabels) -> None:
         """In-flight gauge up."""
@@ -134,10 +160,7 @@ class PrometheusSink:
         trace_id: str = "",
     ) -> None:
         """The live TTFT (with an exemplar when ``trace_id`` is given)."""
-        child = self._ttft_children.get(labels)
-        if child is None:
-            child = self._ttft.labels(*self.request_label_values(labels))
-            self._ttft_children[labels] = child
+        child = self._hist(self._for(labels), self._ttft)
         child.observe(ttft_s, {"trace_id": trace_id} if trace_id else None)
 
     def gap(self, labels: RequestLabels, gap_s: float, request_id: str, trace_id: str = "") -> None:
@@ -153,40 +176,40 @@ class PrometheusSink:
 
     def request_finished(self, record: RequestRecord) -> None:
         """Everything observed once per request, at its end (TTFT came live; here by cache)."""
-        labels = record.labels
-        self._for(labels).active.dec()
-        values = self.request_label_values(labels)
+        ch = self._for(record.labels)
+        ch.active.dec()
+        hist = self._hist
         err = record.error_type
-        self._duration.labels(*values, err).observe(record.duration_s)
-        self._requests.labels(
-            *values, record.outcome.value, status_class(record.status_code), err
+        hist(ch, self._duration, err).observe(record.duration_s)
+        self._count(
+            ch, self._requests, record.outcome.value, status_class(record.status_code), err
         ).inc()
         if record.prompt_tokens is not None:
-            self._tokens.labels(*values, "input").observe(record.prompt_tokens)
+            hist(ch, self._tokens, "input").observe(record.prompt_tokens)
         if record.completion_tokens is not None:
-            self._tokens.labels(*values, "output").observe(record.completion_tokens)
+            hist(ch, self._tokens, "output").observe(record.completion_tokens)
         if not record.streamed:
             return
-        exemplar = {"trace_id": record.trace_id} if record.trace_id else None
         ttft = record.ttft_s
         if ttft is not None:
-            self._cache_ttft.labels(*values, record.prefix_cache).observe(ttft)
+            hist(ch, self._cache_ttft, record.prefix_cache).observe(ttft)
         queue = record.queue_time_s
         if queue is not None:
-            self._queue_time.labels(*values).observe(queue)
+            hist(ch, self._queue_time).observe(queue)
         per_event = record.tokens_per_event
         if per_event is not None:
-            self._tokens_per_event.labels(*values).observe(per_event)
+            hist(ch, self._tokens_per_event).observe(per_event)
         timings = record.backend_timings
         if timings is not None and timings.acceptance_length is not None:
-            self._acceptance.labels(*values).observe(timings.acceptance_length)
+            hist(ch, self._acceptance).observe(timings.acceptance_length)
         tpot = record.tpot_s
         if tpot is not None:
-            self._tpot.labels(*values).observe(tpot)
+            hist(ch, self._tpot).observe(tpot)
         if record.gap_count:
-            self._max_gap.labels(*values).observe(record.max_gap_s, exemplar)
+            exemplar = {"trace_id": record.trace_id} if record.trace_id else None
+            hist(ch, self._max_gap).observe(record.max_gap_s, exemplar)
         met = record.slo_met(self.slo_ttft_s, self.slo_tpot_s)
-        self._slo.labels(*values, "met" if met else "missed").inc()
+        self._count(ch, self._slo, "met" if met else "missed").inc()
 
     def decoder_error(self, backend: Backend, kind: str) -> None:
         """One undecodable upstream event."""
@@ -205,9 +228,9 @@ class PrometheusSink:
 
     def prefill_done(self, record: PrefillRecord) -> None:
         """One finished prefill: streams it stalled (0 too) and its stutter cost."""
-        values = self.request_label_values(record.labels)
-        self._stalled_streams.labels(*values).observe(record.stalled_streams)
-        self._stutter_cost.labels(*values).inc(record.stutter_cost_s)
+        ch = self._for(record.labels)
+        self._hist(ch, self._stalled_streams).observe(record.stalled_streams)
+        self._count(ch, self._stutter_cost).inc(record.stutter_cost_s)
 
 
 class BackendFitGauges:

@@ -40,7 +40,7 @@ _DIGITS = bytes.maketrans(b"0123456789", b"0000000000")
 """Every digit to ``0``: what may differ between two events of one shape."""
 _NOT_PLAIN = re.compile(rb'[\x00-\x1f"\\]')
 """What the output string may not hold (it would end or escape the JSON string)."""
-_RUN = re.compile(rb"(?<![0-9])[0-9]{2}")
+_RUN = re.compile(rb"[0-9]{2,}")
 """The start of a run of two digits or more."""
 _CONTENT = b'"content":'
 _TEXT = b'"text":'
@@ -139,10 +139,10 @@ def _leading_digits(part: bytes, base: int, in_string: bool) -> tuple[int, ...]:
     (``in_string``: whether ``part`` starts inside one). A run that starts
     right after ``.`` or an exponent is also listed: conservative.
     """
-    found: list[int] = []
-    at = 0
-    for k, piece in enumerate(part.split(b'"')):
-        if (k % 2 == 1) == in_string:  # outside a string
-            found.extend(base + at + m.start() for m in _RUN.finditer(piece))
-        at += len(piece) + 1
-    return tuple(found)
+    # Few runs, many strings: find the runs, then count the quotes before each.
+    odd = 1 if in_string else 0
+    return tuple(
+        base + m.start()
+        for m in _RUN.finditer(part)
+        if (part.count(b'"', 0, m.start()) + odd) % 2 == 0
+    )

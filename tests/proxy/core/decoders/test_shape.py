@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.core.decoders.openai import OUTPUT, interpret
-from proxy.core.decoders.shape import TokenShape
+from proxy.core.decoders.shape import TokenShape, _leading_digits
 from proxy.core.decoders.sse import SseDecoder
 
 VLLM = (
@@ -145,3 +145,19 @@ def test_a_match_is_always_what_the_parse_says(template, digit_edits, content, b
     raw = bytes(event)
     if shape.matches(raw):
         assert parsed_output(raw)
+
+
+@pytest.mark.parametrize(
+    ("part", "base", "in_string", "expected"),
+    [
+        (b'data: {"a":12,"b":"34","c":5,"d":678,"e":"x9"', 0, False, (11, 33)),
+        (b'7" ,"n":00,"s":"11","m":1.25}\n\n', -31, True, (-23, -5)),
+        (b"no quote closes 12 this", -23, True, ()),
+        (b'"open 12', 0, False, ()),
+        (b"1234", 0, False, (0,)),
+    ],
+)
+def test_leading_digits_are_the_multi_digit_runs_outside_strings(part, base, in_string, expected):
+    """Where a later event's ``0`` would be a leading zero: runs of two digits or more, not in
+    a string (a part of the event's tail starts inside the output string)."""
+    assert _leading_digits(part, base, in_string) == expected
