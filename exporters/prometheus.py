@@ -16,6 +16,7 @@ timer decides), so the cost stays per request, not per token.
 from __future__ import annotations
 
 import contextlib
+from typing import Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -57,6 +58,32 @@ def gauge(inst: names.Instrument, registry: CollectorRegistry) -> Gauge:
 def status_class(code: int) -> str:
     """``2xx``-style class of an HTTP status; ``none`` when nothing was sent."""
     return f"{code // 100}xx" if 100 <= code <= 599 else "none"
+
+
+_Child = TypeVar("_Child")
+_Child_co = TypeVar("_Child_co", covariant=True)
+
+
+class _Family(Protocol[_Child_co]):
+    """A labelled metric family: ``FastHistogram`` or a prometheus_client metric."""
+
+    def labels(self, *values: str) -> _Child_co:
+        """The child of these label values."""
+        ...
+
+
+def _child(
+    cache: dict[tuple[object, ...], _Child],
+    family: _Family[_Child],
+    values: tuple[str, ...],
+    extra: tuple[str, ...],
+) -> _Child:
+    """``family``'s child of ``values`` + ``extra``, made at its first use, then from ``cache``."""
+    key = (family, *extra)
+    child = cache.get(key)
+    if child is None:
+        child = cache[key] = family.labels(*values, *extra)
+    return child
 
 
 class _Children:
@@ -133,19 +160,11 @@ class PrometheusSink:
 
     @staticmethod
     def _hist(ch: _Children, family: FastHistogram, *extra: str) -> HistogramChild:
-        key = (family, *extra)
-        child = ch.hists.get(key)
-        if child is None:
-            child = ch.hists[key] = family.labels(*ch.values, *extra)
-        return child
+        return _child(ch.hists, family, ch.values, extra)
 
     @staticmethod
     def _count(ch: _Children, family: Counter, *extra: str) -> Counter:
-        key = (family, *extra)
-        child = ch.counters.get(key)
-        if child is None:
-            child = ch.counters[key] = family.labels(*ch.values, *extra)
-        return child
+        return _child(ch.counters, family, ch.values, extra)
 
     def request_started(self, labels: RequestLabels) -> None:
         """In-flight gauge up."""
