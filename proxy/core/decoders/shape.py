@@ -41,7 +41,7 @@ _DIGITS = bytes.maketrans(b"0123456789", b"0000000000")
 _NOT_PLAIN = re.compile(rb'[\x00-\x1f"\\]')
 """What the output string may not hold (it would end or escape the JSON string)."""
 _RUN = re.compile(rb"[0-9]{2,}")
-"""The start of a run of two digits or more."""
+"""A run of two digits or more (a match starts where the run does)."""
 _CONTENT = b'"content":'
 _TEXT = b'"text":'
 
