@@ -28,7 +28,7 @@ import aiohttp
 import pytest
 
 from tests.realbackend.client import Prompts, chat
-from tests.realbackend.llamacpp_server import LlamaCppServer
+from tests.realbackend.llamacpp_server import LlamaCppServer, LlamaCppSettings
 from tests.realbackend.recorder import ProxyFactory, RecordedProxy
 
 pytestmark = [pytest.mark.realbackend, pytest.mark.timeout(240)]
@@ -41,6 +41,10 @@ FIT_PROMPTS = [1200, 800, 600]
 PREFILL_S_PER_TOKEN = 1 / 250
 """About what this CPU takes per prompt token (sizes the streams, not a tolerance)."""
 TOLERANCE = 0.25
+KV_TOKENS = LlamaCppSettings().n_ctx
+"""The KV cache every slot shares (``kv_unified``): the streams and the prompts must fit."""
+TEMPLATE_TOKENS = 32
+"""What the chat template adds to a prompt, at most (a bound, for the KV budget)."""
 
 
 async def _stream(session: aiohttp.ClientSession, url: str, body: dict[str, Any], rid: str) -> None:
@@ -69,7 +73,13 @@ async def _fit_run(proxy: RecordedProxy, prompts: Prompts, long_prompts: list[in
     async with aiohttp.ClientSession(connector=connector) as session:
         # Long enough to outlast every prefill, then one fewer every 8 steps.
         busy_s = sum(p * PREFILL_S_PER_TOKEN + 12 * step_s for p in long_prompts)
-        base = int(busy_s / step_s) + 30
+        # At most what the KV cache holds beside the long prompts (a slot may keep a
+        # finished one for reuse): a fast machine's short one-stream step would otherwise
+        # ask for more than fits, and llama.cpp ends every stream at once when it is full.
+        # Eight streams step several times slower than one, so they still outlast the rest.
+        room = (KV_TOKENS - sum(long_prompts) - TEMPLATE_TOKENS) // STREAMS
+        base = min(int(busy_s / step_s) + 30, room - 24 - TEMPLATE_TOKENS - 8 * STREAMS)
+        print(f"\nfit run: one-stream step {step_s * 1e3:.1f} ms, base {base} tokens")
         async with asyncio.TaskGroup() as group:
             for i in range(STREAMS):
                 body = chat(prompts.text(24), base + 8 * i)
