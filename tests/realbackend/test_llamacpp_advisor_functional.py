@@ -77,8 +77,8 @@ async def _fit_run(proxy: RecordedProxy, prompts: Prompts, long_prompts: list[in
         # finished one for reuse): a fast machine's short one-stream step would otherwise
         # ask for more than fits, and llama.cpp ends every stream at once when it is full.
         # Eight streams step several times slower than one, so they still outlast the rest.
-        room = (KV_TOKENS - sum(long_prompts) - TEMPLATE_TOKENS) // STREAMS
-        base = min(int(busy_s / step_s) + 30, room - 24 - TEMPLATE_TOKENS - 8 * STREAMS)
+        room = (KV_TOKENS - sum(p + TEMPLATE_TOKENS + 2 for p in long_prompts)) // STREAMS
+        base = min(int(busy_s / step_s) + 30, room - 24 - TEMPLATE_TOKENS - 8 * (STREAMS - 1))
         print(f"\nfit run: one-stream step {step_s * 1e3:.1f} ms, base {base} tokens")
         async with asyncio.TaskGroup() as group:
             for i in range(STREAMS):
