@@ -26,11 +26,11 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from multidict import CIMultiDict
 
 from proxy.config import ProxyConfig
@@ -41,8 +41,10 @@ from proxy.core.prompt_size import estimate_prompt_tokens
 from proxy.core.records import Backend, Outcome, RequestLabels, Sink
 from proxy.core.timing import StreamTimer, StreamWatcher, gap_targets
 from proxy.core.usage import inject, wants_injection
+from proxy.edge.budget import BodyBudget, default_budget
 from proxy.edge.headers import Headers, client_response_headers, upstream_request_headers
-from proxy.edge.inbound import AiohttpInbound, Inbound, Refused
+from proxy.edge.inbound import AiohttpInbound, Inbound, Refused, json_error
+from proxy.edge.pool import UpstreamPool, request_head
 from proxy.edge.relay import (
     BodyRelay,
     JsonRelay,
@@ -50,39 +52,21 @@ from proxy.edge.relay import (
     RelayResult,
     SseRelay,
     by_status,
-    relay_plain,
     stream_failed,
 )
 from proxy.edge.state import STATE, ProxyState
-from proxy.edge.upstream import (
-    DisconnectedBeforeHead,
-    ResetBeforeHead,
-    UpstreamConnection,
-    UpstreamError,
-    UpstreamPool,
-    request_head,
-)
-from proxy.edge.watchdog import ReaderProgress, Watchdogs
+from proxy.edge.unobserved import Progress, forward_unobserved, no_answer, no_answer_in_time
+from proxy.edge.upstream import UpstreamConnection
+from proxy.edge.upstream_errors import DisconnectedBeforeHead, ResetBeforeHead, UpstreamError
+from proxy.edge.watchdog import Watchdogs
 
 if TYPE_CHECKING:
     from proxy.edge.tracing import Tracing
 
 log = logging.getLogger("tokenstamp.proxy")
 
-# The client library would add these when the client did not send them: forward
-# only what the client sent (Host and Content-Length are the hop's own).
-_NO_AUTO_HEADERS = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
-
 NO_USAGE_INJECTION = frozenset({"llama.cpp"})
 """Providers whose usage chunk carries more than usage (llama.cpp: its timings)."""
-
-
-@dataclass(slots=True)
-class _Progress:
-    """How far one request got, for the record written when it is cancelled."""
-
-    status: int = 0
-    """Status sent to the client, once the response has started."""
 
 
 async def _read_body(client: Inbound, limit: int, timeout_s: float) -> bytes:
@@ -105,16 +89,6 @@ def request_id(headers: Headers) -> str:
     if 0 < len(given) <= 128 and given.isascii() and given.isprintable() and " " not in given:
         return given
     return uuid.uuid4().hex
-
-
-# Why an upstream gave no response, in the 502's message (``error.type`` stays the class).
-_NO_ANSWER = {
-    "ClientConnectorError": "unreachable",
-    "ClientConnectorDNSError": "unreachable (name not resolved)",
-    "ServerDisconnectedError": "closed the connection without answering",
-    "ClientOSError": "reset the connection without answering",
-    "ClientResponseError": "answered with something that is not HTTP",
-}
 
 
 def _start_timer(
@@ -151,8 +125,9 @@ def _start_timer(
 
 async def handle(request: web.Request) -> web.StreamResponse:
     """aiohttp's handler: forward one request (``exchange``)."""
-    client = AiohttpInbound(request)
-    await exchange(client, request.app[STATE])
+    state = request.app[STATE]
+    client = AiohttpInbound(request, state.body_budget)
+    await exchange(client, state)
     assert client.response is not None, "an exchange always answers"
     return client.response
 
@@ -172,7 +147,7 @@ async def exchange(client: Inbound, state: ProxyState) -> None:
     fmt = route(client.method, client.path)
     state.in_flight += 1
     timer: StreamTimer | None = None
-    progress = _Progress()
+    progress = Progress()
     outcome, error_type = Outcome.OK, ""
 
     try:
@@ -182,7 +157,7 @@ async def exchange(client: Inbound, state: ProxyState) -> None:
             if fmt is not None:
                 timer = _start_timer(client, state, fmt, None)
             outcome, progress.status, error_type = Outcome.REJECTED, exc.status, exc.error_type
-            client.refuse(exc.status, exc.error_type, str(exc))
+            client.refuse(exc.status, exc.error_type, str(exc), exc.retry_after_s)
             return
         upstream_body, injected = body, False
         if fmt is not None:
@@ -209,7 +184,7 @@ async def exchange(client: Inbound, state: ProxyState) -> None:
                 client, state, fmt, upstream_body, timer, injected, body, progress
             )
         else:
-            forward = _forward(client, state, upstream_body, progress)
+            forward = forward_unobserved(client, state, upstream_body, progress)
         body = upstream_body = b""  # the coroutine holds them as long as it needs them
         result = await forward
         outcome, progress.status, error_type = result.outcome, result.status, result.error_type
@@ -219,6 +194,7 @@ async def exchange(client: Inbound, state: ProxyState) -> None:
         raise
     finally:
         state.in_flight -= 1
+        client.release_body()
         if timer is not None:
             try:
                 timer.finish(clock(), outcome, progress.status, error_type)
@@ -234,72 +210,6 @@ def _parse_json_object(body: bytes) -> dict[str, object] | None:
     return obj if isinstance(obj, dict) else None
 
 
-async def _forward(
-    client: Inbound, state: ProxyState, body: bytes, progress: _Progress
-) -> RelayResult:
-    """Send an unobserved request upstream on aiohttp's client, relay the response; map
-    failures to statuses or outcomes."""
-    assert state.session is not None, "the upstream session opens with the app"
-    cfg = state.config
-    url = cfg.upstream + client.target
-    headers = upstream_request_headers(
-        client.headers, client_ip=client.remote, scheme=client.scheme, identity=False
-    )
-    started = False
-    try:
-        up = await _send(state, client.method, url, headers, body)
-        clean = False
-        try:
-            await client.start(
-                up.status, up.reason or "", client_response_headers(up.headers, keep_length=True)
-            )
-            started = True
-            progress.status = up.status
-            # Cut after --max-stream-duration, or by the watchdog once the body falls silent.
-            limit = cfg.max_stream_duration_s or None
-            async with (
-                asyncio.timeout(limit) as deadline,
-                state.watchdogs.watch(ReaderProgress(up.content), deadline),
-            ):
-                result = await relay_plain(up, client)
-            if result.complete:
-                try:
-                    await client.end()
-                except ConnectionError:
-                    return RelayResult(Outcome.CLIENT_DISCONNECT, up.status,
-                                       "client_disconnect", complete=False)  # fmt: skip
-                clean = True
-            return result
-        finally:
-            if clean:
-                up.release()
-            else:
-                up.close()
-    except TimeoutError:
-        if not started:
-            return _no_answer_in_time(client, cfg.read_timeout_s)
-        client.abort()
-        return RelayResult(Outcome.TIMEOUT, progress.status, "timeout")
-    except aiohttp.ClientError as exc:
-        kind = type(exc).__name__
-        if not started:
-            return _no_answer(client, cfg.backend_label, kind)
-        client.abort()
-        return RelayResult(Outcome.UPSTREAM_ERROR, progress.status, kind)
-
-
-def _no_answer_in_time(client: Inbound, read_timeout_s: float) -> RelayResult:
-    msg = f"upstream did not answer within {read_timeout_s:g} s (--read-timeout)"
-    client.refuse(504, "upstream_timeout", msg)
-    return RelayResult(Outcome.TIMEOUT, 504, "timeout")
-
-
-def _no_answer(client: Inbound, backend_label: str, kind: str) -> RelayResult:
-    msg = f"upstream {backend_label} {_NO_ANSWER.get(kind, 'failed')}: {kind}"
-    client.refuse(502, "upstream_unreachable", msg)
-    return RelayResult(Outcome.UPSTREAM_ERROR, 502, kind)
-
-
 async def _forward_observed(
     client: Inbound,
     state: ProxyState,
@@ -308,13 +218,17 @@ async def _forward_observed(
     timer: StreamTimer,
     injected: bool,
     original_body: bytes,
-    progress: _Progress,
+    progress: Progress,
 ) -> RelayResult:
     """An observed request: sent on the proxy's own upstream client, its body relayed and
     observed read by read inside the upstream connection's callbacks (``proxy.edge.relay``)."""
     cfg = state.config
     headers = upstream_request_headers(
-        client.headers, client_ip=client.remote, scheme=client.scheme, identity=True
+        client.headers,
+        client_ip=client.remote,
+        scheme=client.scheme,
+        identity=True,
+        trust=cfg.trust_forwarded,
     )
     client.forget_headers()  # copied into ``headers``: not kept while the body streams
     started = False
@@ -337,6 +251,7 @@ async def _forward_observed(
                 )
             injected = False
         del body, original_body, headers  # not sent again: not kept while the body streams
+        client.release_body()
         up_headers = conn.headers
         content_type = up_headers.get("Content-Type", "")
         is_sse = content_type.startswith("text/event-stream")
@@ -394,12 +309,12 @@ async def _forward_observed(
         return result
     except TimeoutError:
         if not started:
-            return _no_answer_in_time(client, cfg.read_timeout_s)
+            return no_answer_in_time(client, cfg.read_timeout_s)
         client.abort()
         return RelayResult(Outcome.TIMEOUT, progress.status, "timeout")
     except UpstreamError as exc:
         if not started:
-            return _no_answer(client, cfg.backend_label, exc.kind)
+            return no_answer(client, cfg.backend_label, exc.kind)
         client.abort()
         return RelayResult(Outcome.UPSTREAM_ERROR, progress.status, exc.kind)
     finally:
@@ -447,7 +362,7 @@ async def _send_observed(
         timer.forwarded(state.clock())
         try:
             async with asyncio.timeout(state.config.read_timeout_s):
-                await conn.send(head, body)
+                await conn.send(head, body, client.interim)
         except (DisconnectedBeforeHead, ResetBeforeHead) as exc:
             conn.close()
             # A pooled keep-alive connection the backend had already closed (llama.cpp
@@ -465,25 +380,21 @@ async def _send_observed(
     raise AssertionError("unreachable")
 
 
-async def _send(
-    state: ProxyState, method: str, url: str, headers: CIMultiDict[str], body: bytes
-) -> aiohttp.ClientResponse:
-    """Send an unobserved request on aiohttp's client."""
-    assert state.session is not None
-    try:
-        return await state.session.request(
-            method, url, headers=headers, data=body or None,
-            allow_redirects=False, auto_decompress=False, skip_auto_headers=_NO_AUTO_HEADERS,
-        )  # fmt: skip
-    except aiohttp.ServerDisconnectedError:
-        # A pooled keep-alive connection the backend had already closed (llama.cpp
-        # closes after every stream while announcing keep-alive): the request never
-        # got an answer, so it goes once more, on a fresh connection.
-        log.debug("upstream closed a pooled connection before answering; retrying once")
-        return await state.session.request(
-            method, url, headers=headers, data=body or None,
-            allow_redirects=False, auto_decompress=False, skip_auto_headers=_NO_AUTO_HEADERS,
-        )  # fmt: skip
+TUNNEL_ALLOW = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"
+"""What a refused ``CONNECT`` is told the proxy forwards (``Allow``)."""
+
+
+@web.middleware
+async def _no_tunnels(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """``CONNECT`` is refused with 405: the proxy forwards requests, it opens no tunnels
+    (RFC 9110 section 9.3.6). Before routing, which would answer 404 to its target."""
+    if request.method == "CONNECT":
+        resp = json_error(405, "method_not_allowed", "the proxy forwards HTTP requests; it "
+                          "opens no tunnels (CONNECT)")  # fmt: skip
+        resp.headers["Allow"] = TUNNEL_ALLOW
+        resp.force_close()  # what follows a CONNECT would be the tunnel's bytes
+        return resp
+    return await handler(request)
 
 
 def create_app(
@@ -500,7 +411,7 @@ def create_app(
     ``tracing`` (built on an injected tracer provider) adds a span per observed
     request and propagates W3C trace context upstream; without it, none.
     """
-    app = web.Application(client_max_size=config.max_body_bytes)
+    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[_no_tunnels])
     state = ProxyState(
         config=config,
         sink=sink,
@@ -508,6 +419,7 @@ def create_app(
         backend=Backend(provider=config.provider, address=config.backend_label),
         labeler=ModelLabeler(config.model_label_limit, config.model_allowlist),
         watchdogs=Watchdogs(config.read_timeout_s),
+        body_budget=BodyBudget(config.body_budget_bytes or default_budget(config.max_body_bytes)),
         watcher=watcher,
         watcher_gaps=gap_targets(watcher),
         stalls=stalls,

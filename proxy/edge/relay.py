@@ -31,7 +31,8 @@ from proxy.core.records import Outcome
 from proxy.core.timing import StreamTimer
 from proxy.core.usage import EventCutter
 from proxy.edge.tracing import CAPTURE_BYTES
-from proxy.edge.upstream import UpstreamConnection, UpstreamError
+from proxy.edge.upstream import UpstreamConnection
+from proxy.edge.upstream_errors import UpstreamError
 
 if TYPE_CHECKING:
     from proxy.edge.state import ProxyState

@@ -19,8 +19,9 @@ from proxy.core.backend_view import BackendView
 from proxy.core.labels import ErrorKindLabeler, ModelLabeler
 from proxy.core.records import Backend, Sink
 from proxy.core.timing import GapTargets, StreamWatcher
+from proxy.edge.budget import BodyBudget
+from proxy.edge.pool import UpstreamPool
 from proxy.edge.tasks import TaskSet
-from proxy.edge.upstream import UpstreamPool
 from proxy.edge.watchdog import Watchdogs
 
 if TYPE_CHECKING:
@@ -44,6 +45,8 @@ class ProxyState:
     """Bounded model labels."""
     watchdogs: Watchdogs
     """The read watchdog of every body being relayed (one timer for all)."""
+    body_budget: BodyBudget
+    """Request-body bytes held at once, across all connections (``--body-budget``)."""
     error_kinds: ErrorKindLabeler = field(default_factory=ErrorKindLabeler)
     """Bounded ``error.type`` values reported by the upstream in its stream."""
     watcher: StreamWatcher | None = None
