@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 
 import pytest
@@ -284,3 +285,137 @@ async def test_a_body_that_is_not_json_is_forwarded_unobserved_by_the_front(
         writer.close()
     assert [r["body"] for r in upstream.requests] == [b"not json", b""]
     assert (p.front.served, p.front.handed_off) == (2, 0)
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status"),
+    [
+        pytest.param(
+            b"GET /ws HTTP/1.1\r\nHost: p\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+            b"200",
+            id="websocket-upgrade",
+        ),
+        pytest.param(
+            _post(
+                extra="Upgrade: h2c\r\nConnection: Upgrade, HTTP2-Settings\r\n"
+                "HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n"
+            ),
+            b"200",
+            id="h2c-upgrade",
+        ),
+        pytest.param(
+            b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n",
+            b"405",
+            id="connect",
+        ),
+        pytest.param(_post().replace(b"Host: p\r\n", b""), b"400", id="no-host"),
+        pytest.param(_post(extra="Host: q\r\n"), b"400", id="two-hosts"),
+    ],
+)
+async def test_upgrade_connect_and_host_are_answered_never_dropped(
+    proxy, upstream, caplog, request_bytes, status
+):
+    """Handed to aiohttp at their first byte: an Upgrade is forwarded as a plain request
+    (the upstream never sees ``Upgrade``, as through nginx), CONNECT is refused (405), a
+    missing or repeated Host is a 400 (RFC 9112 section 3.2); no traceback in the log."""
+    reader, writer = await _connect(proxy)
+    try:
+        writer.write(request_bytes)
+        got, headers, _ = await _response(reader)
+    finally:
+        writer.close()
+    assert got.split(b" ")[1] == status
+    if status == b"200":
+        assert "upgrade" not in {k.lower() for k in upstream.requests[0]["headers"]}
+    else:
+        assert upstream.requests == []
+    if status == b"405":
+        assert "CONNECT" not in headers["allow"]
+        assert "POST" in headers["allow"]
+    assert (proxy.front.served, proxy.front.handed_off) == (0, 1)
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+
+
+async def test_a_flood_of_bad_requests_is_at_most_one_warning_line(proxy, caplog):
+    """aiohttp logs each unparsable request with a traceback at ERROR: the proxy's filter
+    (one per process, on aiohttp's logger) makes it a WARNING line, then mutes the kind."""
+    caplog.set_level(logging.DEBUG)
+    (limit,) = [f.limit for f in logging.getLogger("aiohttp.server").filters
+                if hasattr(f, "limit")]  # fmt: skip
+    before = limit.count
+    for _ in range(20):
+        reader, writer = await _connect(proxy)
+        writer.write(b"GET /x HTTP/1.1\r\nHost: p\r\nBad\x01Name: v\r\n\r\n")
+        assert (await reader.read(65536)).startswith(b"HTTP/1.0 400")
+        writer.close()
+    assert limit.count - before == 20
+    lines = [r for r in caplog.records if r.name == "aiohttp.server"]
+    assert len(lines) <= 1  # none when a line of this kind was written moments ago
+    for r in lines:
+        assert r.levelno == logging.WARNING
+        assert r.exc_info is None
+        assert "bad request from 127.0.0.1: BadHttpMessage" in r.getMessage()
+
+
+async def test_interim_responses_reach_an_http11_client_before_the_answer(
+    proxy_factory,
+):
+    """RFC 9110 section 15.2: a proxy forwards the 1xx it did not ask for. The front's
+    clients speak HTTP/1.1, so they get each interim head, then the one final response."""
+    hints = b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\nConnection: x\r\n\r\n"
+    final = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n%b"
+    body = b"".join(EVENTS)
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        await reader.readexactly(length)
+        writer.write(hints)
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(final % (len(body), body))
+        await writer.drain()
+        await reader.read()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        p = await proxy_factory(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
+        reader, writer = await _connect(p)
+        writer.write(_post())
+        interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        status, headers, got = await _response(reader)
+        writer.close()
+    finally:
+        server.close()
+    assert interim == b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n"
+    assert status == b"HTTP/1.1 200 OK"
+    assert got == body
+    assert "link" not in headers
+
+
+@pytest.mark.parametrize("trust", [True, False])
+async def test_forwarding_headers_are_passed_or_replaced_as_configured(
+    upstream, proxy_factory, trust
+):
+    upstream.script = Script([(0.0, e) for e in EVENTS])
+    p = await proxy_factory(upstream.url, trust_forwarded=trust)
+    claimed = ("X-Forwarded-For: 203.0.113.9\r\nX-Forwarded-Proto: https\r\n"
+               "X-Forwarded-Host: api.example\r\nForwarded: for=203.0.113.9\r\n"
+               "X-Real-IP: 203.0.113.9\r\n")  # fmt: skip
+    for request in (_post(extra=claimed), _post(path="/v1/embeddings", extra=claimed)):
+        reader, writer = await _connect(p)
+        writer.write(request)
+        await _response(reader)
+        writer.close()
+    for seen in upstream.requests:  # the front's path, then aiohttp's: the same rule
+        h = {k.lower(): v for k, v in seen["headers"].items()}
+        if trust:
+            assert h["x-forwarded-for"] == "203.0.113.9, 127.0.0.1"
+            assert h["x-forwarded-proto"] == "https"
+            assert (h["x-forwarded-host"], h["forwarded"], h["x-real-ip"]) == (
+                "api.example", "for=203.0.113.9", "203.0.113.9")  # fmt: skip
+        else:
+            assert (h["x-forwarded-for"], h["x-forwarded-proto"]) == ("127.0.0.1", "http")
+            assert not {"x-forwarded-host", "forwarded", "x-real-ip"} & h.keys()
