@@ -36,6 +36,7 @@ from proxy.advisor.web import Advisor, advice_routes
 from proxy.config import ConfigError, HostPort, ProxyConfig
 from proxy.core.backend_fit import BackendFitRecord
 from proxy.core.backend_view import BackendView
+from proxy.core.ratelog import RateLimitedLog
 from proxy.core.records import Backend, Sink
 from proxy.core.stall_detector import StallSettings
 from proxy.core.timing import StreamWatcher
@@ -43,7 +44,6 @@ from proxy.edge.admin import create_admin_app
 from proxy.edge.app import create_app
 from proxy.edge.front import Front
 from proxy.edge.heap import HeapTrimmer
-from proxy.edge.ratelog import RateLimitedLog
 from proxy.edge.state import STATE, ProxyState
 from proxy.edge.tracing import Tracing
 from proxy.timeline.buffer import TimelineBuffer, TimelineSettings
@@ -60,7 +60,7 @@ class _BadRequestLog(logging.Filter):
     quotes the offending header line (an ``Authorization`` header included), and
     a client can send one per connection at will. Such a record becomes one
     WARNING line with the error's type alone, at most once per
-    ``proxy.edge.ratelog.EVERY_S`` seconds; the next line says how many were muted.
+    ``proxy.core.ratelog.EVERY_S`` seconds; the next line says how many were muted.
     """
 
     def __init__(self) -> None:
@@ -71,12 +71,13 @@ class _BadRequestLog(logging.Filter):
         exc = record.exc_info[1] if record.exc_info else None
         if not isinstance(exc, HttpProcessingError):
             return True
-        suffix = self.limit.allow()
-        if suffix is None:
+        n = self.limit.allow()
+        if n is None:
             return False
         peer = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
+        muted = f" ({n - 1} more like it not logged)" if n > 1 else ""
         record.msg = "bad request from %s: %s (details withheld: they may quote headers)%s"
-        record.args = (peer, type(exc).__name__, suffix)
+        record.args = (peer, type(exc).__name__, muted)
         record.levelno, record.levelname = logging.WARNING, "WARNING"
         record.exc_info = None
         record.exc_text = None

@@ -45,7 +45,7 @@ from typing import Final, Protocol, cast
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from proxy.edge.ratelog import RateLimitedLog
+from proxy.core.ratelog import RateLimitedLog
 from proxy.edge.upstream_errors import (
     DisconnectedBeforeHead,
     NotHttp,
