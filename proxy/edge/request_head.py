@@ -11,15 +11,21 @@ one place. A head is the front's when all of these hold, else it is aiohttp's:
   ``max_headers``;
 - not ``CONNECT``, and nothing asks to upgrade (``Upgrade``: WebSocket, h2c);
 - the target is origin-form of plain characters (no ``%``, no ``#``, ASCII);
-- exactly one ``Host`` (RFC 9112 section 3.2: none, or two, is a 400, which
-  aiohttp answers);
+- exactly one ``Host``, of host characters (RFC 9112 section 3.2: none, two,
+  or an invalid one is a 400, which aiohttp answers, or ``create_app``'s rules);
+- no field aiohttp refuses: a repeated singleton (``SINGLETONS``: its 400) or a
+  WebSocket draft-76 ``Sec-WebSocket-Key1`` (a body of no stated length);
 - exactly one ``Content-Length`` of digits, and no ``Transfer-Encoding`` or
   ``Expect``;
 - an observed route (``proxy.core.decoders.registry.route``).
+
+The rules both doors apply to any request (``valid_host``, ``unknown_coding``)
+live here too, so the front and ``create_app`` cannot drift apart.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import httptools
@@ -32,7 +38,38 @@ LINE_LIMIT = 8190
 FIELD_COUNT_LIMIT = 128
 """A head with more fields goes to aiohttp (its ``max_headers``)."""
 
-_NEVER_OURS = frozenset({b"transfer-encoding", b"expect", b"upgrade"})
+_NEVER_OURS = frozenset({b"transfer-encoding", b"expect", b"upgrade", b"sec-websocket-key1"})
+
+SINGLETONS = frozenset(
+    {
+        b"content-length",
+        b"content-location",
+        b"content-range",
+        b"content-type",
+        b"etag",
+        b"host",
+        b"max-forwards",
+        b"server",
+        b"transfer-encoding",
+        b"user-agent",
+    }
+)
+"""Fields a request carries at most once (RFC 9110): a repeat is aiohttp's 400 (its strict
+request parser's list), so the front leaves such a request to aiohttp."""
+
+_HOST = re.compile(r"[A-Za-z0-9\-._~%!$&'()*+,;=:\[\]]*")
+"""``uri-host [ ":" port ]`` of RFC 9112 section 3.2 (RFC 3986's characters), or empty."""
+
+
+def valid_host(value: str) -> bool:
+    """``value`` is a ``Host`` field value made of host characters (empty is valid)."""
+    return _HOST.fullmatch(value) is not None
+
+
+def unknown_coding(transfer_encoding: str) -> bool:
+    """A transfer coding other than ``chunked`` is named (RFC 9112 section 6.1: 501)."""
+    codings = [c.strip().lower() for c in transfer_encoding.split(",")]
+    return any(c and c != "chunked" for c in codings)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,19 +139,21 @@ def plain_request(head: bytes) -> PlainRequest | None:
     if route(method, path) is None:
         return None
     length = None
-    hosts = 0
+    seen: set[bytes] = set()
     headers: CIMultiDict[str] = CIMultiDict()
     for name, value in got.fields:
         low = name.lower()
         if low in _NEVER_OURS:
             return None
-        if low == b"content-length":
-            if length is not None or not value.isdigit():
+        if low in SINGLETONS:
+            if low in seen:
                 return None
-            length = int(value)
-        elif low == b"host":
-            hosts += 1
+            seen.add(low)
+            if low == b"content-length":
+                if not value.isdigit():
+                    return None
+                length = int(value)
         headers.add(name.decode("latin-1"), value.decode("latin-1"))
-    if length is None or hosts != 1:
+    if length is None or b"host" not in seen or not valid_host(headers["Host"]):
         return None
     return PlainRequest(method, target, path, headers, length, parser.should_keep_alive())

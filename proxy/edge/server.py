@@ -167,6 +167,22 @@ async def _listen(front: Front, where: HostPort) -> asyncio.Server:
         raise ConfigError(f"--listen: cannot listen on {where}: {exc.strerror or exc}") from None
 
 
+def proxy_app_runner(app: web.Application, config: ProxyConfig) -> web.AppRunner:
+    """aiohttp's server for the proxy application: every request the front hands over."""
+    return web.AppRunner(
+        app,
+        handler_cancellation=True,  # a client that goes away cancels its upstream request
+        access_log=None,
+        shutdown_timeout=1.0,
+        # aiohttp closes a connection whose handler still waits for a complete request
+        # head when this runs out: the slowloris guard, and the idle keep-alive.
+        keepalive_timeout=config.header_timeout_s,
+        # A request body goes upstream as the client sent it: decompressing it would send
+        # other bytes under the client's Content-Encoding.
+        auto_decompress=False,
+    )
+
+
 def stall_settings(config: ProxyConfig) -> StallSettings:
     """The stall detection knobs of ``config``."""
     return StallSettings(
@@ -305,15 +321,7 @@ async def start_proxy(
         add_advice(admin_app)
 
     admin = create_admin_app(state, registry, extra_routes=extra_routes)
-    proxy_runner = web.AppRunner(
-        app,
-        handler_cancellation=True,  # a client that goes away cancels its upstream request
-        access_log=None,
-        shutdown_timeout=1.0,
-        # aiohttp closes a connection whose handler still waits for a complete request
-        # head when this runs out: the slowloris guard, and the idle keep-alive.
-        keepalive_timeout=config.header_timeout_s,
-    )
+    proxy_runner = proxy_app_runner(app, config)
     admin_runner = web.AppRunner(admin, access_log=None, shutdown_timeout=1.0)
     await proxy_runner.setup()
     await admin_runner.setup()

@@ -11,7 +11,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import aiohttp
 from aiohttp import web
 
 from proxy.config import ProxyConfig
@@ -57,11 +56,9 @@ class ProxyState:
     """The backend's stall view, when stall detection is on."""
     tracing: Tracing | None = None
     """Spans and trace-context propagation, when a tracer provider is given."""
-    session: aiohttp.ClientSession | None = None
-    """Upstream HTTP client of unobserved requests, opened in ``cleanup_ctx``."""
     pool: UpstreamPool | None = None
-    """Upstream connections of observed requests (``proxy.edge.upstream``), opened in
-    ``cleanup_ctx``."""
+    """Upstream connections of every forwarded request (``proxy.edge.upstream``), opened
+    in ``cleanup_ctx``."""
     tasks: TaskSet = field(default_factory=TaskSet)
     """Background work owned by the app."""
     in_flight: int = 0

@@ -130,6 +130,7 @@ class UpstreamConnection(asyncio.Protocol):
         "_eof_delimited",
         "_error",
         "_head",
+        "_head_only",
         "_headers",
         "_interim",
         "_interim_to",
@@ -157,6 +158,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._reason = b""
         self._headers: CIMultiDict[str] = CIMultiDict()
         self._head: asyncio.Future[None] | None = None  # while ``send`` waits for the head
+        self._head_only = False  # the request was HEAD: its answer ends with its head
         self._consumer: BodyConsumer | None = None
         self._early: list[tuple[bytes, int]] = []
         self._early_bytes = 0
@@ -216,6 +218,8 @@ class UpstreamConnection(asyncio.Protocol):
         except httptools.HttpParserCallbackError as exc:
             if self._violation:
                 self._stopped()
+            elif self._head_only and self._phase == DONE:
+                self.close()  # the head of a HEAD answer: parsing stopped on purpose
             else:  # a consumer failed on a body piece: the proxy's own bug
                 log.error("relaying an upstream body failed", exc_info=exc.__context__)
                 self._fail(PayloadError("the proxy failed relaying the body"))
@@ -295,6 +299,14 @@ class UpstreamConnection(asyncio.Protocol):
         head = self._head
         if head is not None and not head.done():
             head.set_result(None)
+        if self._head_only:
+            # The answer to HEAD ends with its head, whatever length it states (RFC 9110
+            # section 9.3.2); llhttp does not know the request, so parsing stops here, and
+            # the connection is not reused (what the parser would make of the rest is moot).
+            self._keep_alive = False
+            self._move(DONE)
+            self._end(None)
+            self._stop("")
 
     def on_body(self, body: bytes) -> None:
         self.received_bytes += len(body)
@@ -316,9 +328,10 @@ class UpstreamConnection(asyncio.Protocol):
         self._end(None)
 
     def _stop(self, why: str) -> None:
-        """Stop parsing (a violation of the one-exchange rule): raised through llhttp."""
+        """Stop parsing, raised through llhttp: a violation of the one-exchange rule, or
+        (``why`` empty) the end of a HEAD answer."""
         self._violation = why
-        raise _Violation(why)
+        raise _Violation(why or "end of a HEAD answer")
 
     def _stopped(self) -> None:
         if self._phase == DONE:
@@ -373,9 +386,11 @@ class UpstreamConnection(asyncio.Protocol):
         self._move(IDLE)
         return True
 
-    async def send(self, head: bytes, body: bytes, interim: Interim | None = None) -> None:
+    async def send(
+        self, head: bytes, body: bytes, interim: Interim | None = None, *, head_only: bool = False
+    ) -> None:
         """Write a request and wait for the final response head (``IDLE`` only); interim
-        responses meanwhile go to ``interim``."""
+        responses meanwhile go to ``interim``. ``head_only``: the request is HEAD."""
         if self._phase != IDLE:
             if self._phase == CLOSED:
                 raise DisconnectedBeforeHead("connection closed before a response")
@@ -394,6 +409,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._early_bytes = 0
         self._ended = self._interim = self._written = self._keep_alive = False
         self._interim_to = interim
+        self._head_only = head_only
         self._interims = 0
         self._violation = ""
         self._error = None

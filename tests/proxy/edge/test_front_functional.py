@@ -311,6 +311,19 @@ async def test_a_body_that_is_not_json_is_forwarded_unobserved_by_the_front(
         ),
         pytest.param(_post().replace(b"Host: p\r\n", b""), b"400", id="no-host"),
         pytest.param(_post(extra="Host: q\r\n"), b"400", id="two-hosts"),
+        pytest.param(_post().replace(b"Host: p", b"Host: a b"), b"400", id="host-not-a-host"),
+        pytest.param(_post(extra="Content-Type: text/plain\r\n"), b"400", id="two-content-types"),
+        pytest.param(
+            _post(extra="Sec-WebSocket-Key1: 4 @1  46546xW%0l 1 5\r\n"),
+            b"400",
+            id="websocket-draft-76",
+        ),
+        pytest.param(
+            b"POST " + CHAT.encode() + b" HTTP/1.1\r\nHost: p\r\nTransfer-Encoding: gzip, "
+            b"chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(BODY), BODY),
+            b"501",
+            id="gzip-transfer-coding",
+        ),
     ],
 )
 async def test_upgrade_connect_and_host_are_answered_never_dropped(
@@ -318,7 +331,8 @@ async def test_upgrade_connect_and_host_are_answered_never_dropped(
 ):
     """Handed to aiohttp at their first byte: an Upgrade is forwarded as a plain request
     (the upstream never sees ``Upgrade``, as through nginx), CONNECT is refused (405), a
-    missing or repeated Host is a 400 (RFC 9112 section 3.2); no traceback in the log."""
+    missing, repeated or malformed Host is a 400 (RFC 9112 section 3.2), as is any field
+    aiohttp refuses, a transfer coding the proxy cannot decode 501; no traceback."""
     reader, writer = await _connect(proxy)
     try:
         writer.write(request_bytes)
@@ -419,3 +433,57 @@ async def test_forwarding_headers_are_passed_or_replaced_as_configured(
         else:
             assert (h["x-forwarded-for"], h["x-forwarded-proto"]) == ("127.0.0.1", "http")
             assert not {"x-forwarded-host", "forwarded", "x-real-ip"} & h.keys()
+
+
+async def test_head_is_answered_with_the_upstreams_head_and_no_body(proxy, upstream):
+    reader, writer = await _connect(proxy)
+    try:
+        writer.write(b"HEAD /v1/models HTTP/1.1\r\nHost: p\r\n\r\n" + _post())
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        status, _, body = await _response(reader)  # the next answer follows at once
+    finally:
+        writer.close()
+    assert head.startswith(b"HTTP/1.1 200 OK")
+    assert status == b"HTTP/1.1 200 OK"
+    assert body == b"".join(EVENTS)
+    assert [r["method"] for r in upstream.requests] == ["HEAD", "POST"]
+
+
+async def test_a_compressed_request_body_goes_upstream_as_the_client_sent_it(proxy_factory):
+    """Whichever door reads it: the front (Content-Length) or aiohttp's server (chunked),
+    which would otherwise decompress it and forward other bytes under the same
+    Content-Encoding. The upstream is raw: it keeps the bytes as they came."""
+    import gzip
+
+    packed = gzip.compress(BODY)
+    bodies: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except (asyncio.IncompleteReadError, ConnectionError):
+                break
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            bodies.append(await reader.readexactly(length))
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        p = await proxy_factory(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
+        requests = [
+            _post(body=packed, extra="Content-Encoding: gzip\r\n"),
+            b"POST " + CHAT.encode() + b" HTTP/1.1\r\nHost: p\r\nContent-Encoding: gzip\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(packed), packed),
+        ]
+        for request in requests:
+            reader, writer = await _connect(p)
+            writer.write(request)
+            assert (await _response(reader))[2] == b"ok"
+            writer.close()
+    finally:
+        server.close()
+    assert bodies == [packed, packed]
+    assert (p.front.served, p.front.handed_off) == (1, 1)

@@ -397,3 +397,22 @@ async def test_a_busy_connection_refuses_a_second_request(upstream):
     assert conn.phase == CLOSED
     with pytest.raises(DisconnectedBeforeHead):
         await conn.send(head, b"")
+
+
+async def test_the_answer_to_head_ends_with_its_head_and_is_not_reused(upstream):
+    """RFC 9110 section 9.3.2: the stated length is the GET's; nothing after the head is
+    the HEAD answer's body, so nothing after it is relayed, and the connection closes."""
+    _up, pool = await upstream(answer(b"HTTP/1.1 200 OK\r\nContent-Length: 40\r\n\r\nstray"))
+    conn = await pool.acquire()
+    head = request_head("HEAD", "/v1/models", pool.host_header, CIMultiDict(), 0)
+    async with asyncio.timeout(5):
+        await conn.send(head, b"", head_only=True)
+    got = Collect()
+    conn.consume(got)
+    assert await got.ended is None
+    assert bytes(got.data) == b""
+    assert conn.headers["Content-Length"] == "40"
+    assert conn.phase in (DONE, CLOSED)
+    assert not conn.reusable
+    pool.release(conn)
+    assert conn.phase == CLOSED
