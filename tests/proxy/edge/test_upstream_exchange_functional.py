@@ -416,3 +416,17 @@ async def test_the_answer_to_head_ends_with_its_head_and_is_not_reused(upstream)
     assert not conn.reusable
     pool.release(conn)
     assert conn.phase == CLOSED
+
+
+async def test_trailers_in_the_heads_read_do_not_become_headers(upstream):
+    """Trailers are not relayed (as nginx does not): read with the head in one packet,
+    they once landed among the headers the client was about to get."""
+    wire = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-Late\r\n\r\n"
+            b"2\r\nhi\r\n0\r\nX-Late: 1\r\nSet-Cookie: t=1\r\n\r\n")  # fmt: skip
+    _up, pool = await upstream(answer(wire))
+    conn, got = await exchange(pool)
+    assert bytes(got.data) == b"hi"
+    assert "X-Late" not in conn.headers
+    assert "Set-Cookie" not in conn.headers
+    assert conn.reusable
+    pool.release(conn)
