@@ -105,7 +105,7 @@ async def forward(
         conn = await _send(state, client, headers, body, timer)
         if injected and conn.status in (400, 422):
             # The backend may not know stream_options: ask again exactly as the client did.
-            await conn.discard_body()
+            await _discard_body(conn)
             refused = conn.status
             _release(state, conn)
             conn = await _send(state, client, headers, original_body, timer)
@@ -254,3 +254,30 @@ async def _send(
             raise
         return conn
     raise AssertionError("unreachable")
+
+
+async def _discard_body(conn: UpstreamConnection) -> None:
+    """Read the body to its end and drop it (an answer that is not relayed)."""
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    conn.consume(_Discard(done))
+    await done
+
+
+class _Discard:
+    """A ``BodyConsumer`` that drops the body and says when it ended."""
+
+    __slots__ = ("_done",)
+
+    def __init__(self, done: asyncio.Future[None]) -> None:
+        self._done = done
+
+    def body(self, data: bytes, read_ns: int) -> None:
+        """Dropped."""
+
+    def read_done(self) -> None:
+        """Nothing held."""
+
+    def end(self, error: UpstreamError | None) -> None:
+        """Done, either way: the connection is not reused after an error."""
+        if not self._done.done():
+            self._done.set_result(None)

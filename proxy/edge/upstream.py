@@ -436,13 +436,6 @@ class UpstreamConnection(asyncio.Protocol):
         if self._ended:
             consumer.end(self._error)
 
-    async def discard_body(self) -> None:
-        """Read the body to its end and drop it (an answer that is not relayed)."""
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[None] = loop.create_future()
-        self.consume(_Discard(done))
-        await done
-
     def pause_reading(self) -> None:
         """Stop reading the upstream socket (the client is not draining)."""
         if self.transport is not None and not self.paused:
@@ -488,23 +481,3 @@ class UpstreamConnection(asyncio.Protocol):
 
 class _Violation(Exception):
     """Raised inside an ``httptools`` callback to stop parsing at a violation."""
-
-
-class _Discard:
-    """A ``BodyConsumer`` that drops the body and says when it ended."""
-
-    __slots__ = ("_done",)
-
-    def __init__(self, done: asyncio.Future[None]) -> None:
-        self._done = done
-
-    def body(self, data: bytes, read_ns: int) -> None:
-        """Dropped."""
-
-    def read_done(self) -> None:
-        """Nothing held."""
-
-    def end(self, error: UpstreamError | None) -> None:
-        """Done, either way: the connection is not reused after an error."""
-        if not self._done.done():
-            self._done.set_result(None)
