@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from proxy.core.ratelog import RateLimitedLog
 from proxy.core.records import (
     Backend,
     GapRecorder,
@@ -32,7 +33,7 @@ LOG_EVERY_S = 60.0
 class ErrorLog:
     """Counts telemetry failures and logs them rate-limited (never raises)."""
 
-    __slots__ = ("_clock", "_every_s", "_last_s", "_logger", "_unlogged", "failures")
+    __slots__ = ("_limit", "failures")
 
     def __init__(
         self,
@@ -41,11 +42,7 @@ class ErrorLog:
         every_s: float = LOG_EVERY_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._logger = logger
-        self._every_s = every_s
-        self._clock = clock
-        self._last_s: float | None = None
-        self._unlogged = 0
+        self._limit = RateLimitedLog(logger, every_s, clock)
         self.failures = 0
         """Failures counted since start."""
 
@@ -55,13 +52,10 @@ class ErrorLog:
         Returns whether a line was written.
         """
         self.failures += 1
-        self._unlogged += 1
-        now = self._clock()
-        if self._last_s is not None and now - self._last_s < self._every_s:
+        n = self._limit.allow()
+        if n is None:
             return False
-        self._last_s = now
-        n, self._unlogged = self._unlogged, 0
-        self._logger.warning(
+        self._limit.logger.warning(
             "telemetry failure: %s (%d since the last line, %d in total); traffic is unaffected",
             what,
             n,

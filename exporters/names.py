@@ -87,6 +87,8 @@ class Instrument:
         base = self.name.replace(".", "_")
         if self.unit == "s":
             base += "_seconds"
+        elif self.unit == "By":
+            base += "_bytes"
         return base
 
     @property
@@ -253,6 +255,30 @@ STREAMS_ACTIVE = Instrument(
     "Observed requests in flight right now.",
     REQUEST_ATTRS,
 )
+# The request-body budget of the proxy (proxy/edge/budget.py), read at each collection.
+BODY_HELD = Instrument(
+    "tokenstamp.request_body.held",
+    Kind.GAUGE,
+    "By",
+    "Request-body bytes the proxy holds right now across all connections (read, not yet sent "
+    "upstream).",
+    BACKEND_ATTRS,
+)
+BODY_BUDGET = Instrument(
+    "tokenstamp.request_body.budget",
+    Kind.GAUGE,
+    "By",
+    "The most request-body bytes the proxy holds at once (--body-budget); a body that does not "
+    "fit is refused with 503.",
+    BACKEND_ATTRS,
+)
+BODY_REFUSED = Instrument(
+    "tokenstamp.request_body.refused",
+    Kind.COUNTER,
+    "{request}",
+    "Requests refused with 503 and Retry-After because their body did not fit in the budget.",
+    BACKEND_ATTRS,
+)
 # The chunk-size advisor's fitted cost model of each backend (gauges, absent until fitted).
 PREFILL_RATE = Instrument(
     "tokenstamp.backend.prefill_rate",
@@ -303,6 +329,9 @@ ALL: tuple[Instrument, ...] = (
     DECODER_ERRORS,
     UNOBSERVED,
     STREAMS_ACTIVE,
+    BODY_HELD,
+    BODY_BUDGET,
+    BODY_REFUSED,
     PREFILL_RATE,
     DECODE_STEP_BASE,
     DECODE_STEP_PER_STREAM,

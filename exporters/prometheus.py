@@ -16,9 +16,12 @@ timer decides), so the cost stays per request, not per token.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterable
 from typing import Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from exporters import names
 from exporters.fast_histogram import FastHistogram, HistogramChild
@@ -288,3 +291,33 @@ class BackendFitGauges:
                     gauge.remove(b.provider, b.address)
             else:
                 gauge.labels(b.provider, b.address).set(value)
+
+
+BudgetReading = Callable[[], tuple[int, int, int]]
+"""Reads the request-body budget now: bytes held, the budget's size, bodies refused so far."""
+
+
+class BodyBudgetMetrics(Collector):
+    """The request-body budget's gauges and refusal counter, read at each scrape."""
+
+    def __init__(self, registry: CollectorRegistry, backend: Backend, read: BudgetReading) -> None:
+        self._values = [backend.provider, backend.address]
+        self._read = read
+        registry.register(self)
+
+    def collect(self) -> Iterable[Metric]:
+        """One sample each: bytes held, the budget, refusals."""
+        held, limit, refused = self._read()
+        labels = list(names.BACKEND_ATTRS)
+        for inst, value in ((names.BODY_HELD, held), (names.BODY_BUDGET, limit)):
+            g = GaugeMetricFamily(
+                inst.prom_name, _doc(inst), labels=[names.label_name(a) for a in labels]
+            )
+            g.add_metric(self._values, float(value))
+            yield g
+        inst = names.BODY_REFUSED
+        c = CounterMetricFamily(
+            inst.prom_name, _doc(inst), labels=[names.label_name(a) for a in labels]
+        )
+        c.add_metric(self._values, float(refused))
+        yield c

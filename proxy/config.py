@@ -52,6 +52,10 @@ class ProxyConfig:
     """``gen_ai.provider.name`` label (vllm, sglang, tgi, llama.cpp, ollama, openai...)."""
     max_body_bytes: int = 32 << 20
     """Largest request body accepted; larger gets 413."""
+    body_budget_bytes: int = 0
+    """Request-body bytes held at once across all connections; a body that does not fit gets
+    503 with ``Retry-After``. 0: a quarter of the memory the process may use (the cgroup's
+    limit, else RAM), at least ``max_body_bytes``."""
     max_event_bytes: int = 1 << 20
     """Largest stream event decoded; larger events are skipped (bytes still flow)."""
     connect_timeout_s: float = 10.0
@@ -106,6 +110,11 @@ class ProxyConfig:
     library's), or ``auto``: uvloop where it is installed."""
     advisor: bool = True
     """Fit each backend's cost model; serve ``/advice`` and its gauges (the chunk-size advisor)."""
+    trust_forwarded: bool = True
+    """The client is a trusted proxy (a gateway, an ingress): its ``X-Forwarded-*``,
+    ``Forwarded`` and ``X-Real-IP`` pass on, the peer's address appended to
+    ``X-Forwarded-For``. False: clients connect directly, so what they claim there is
+    dropped and replaced by what the proxy sees."""
 
     @property
     def backend_label(self) -> str:
@@ -230,6 +239,9 @@ SERVE_OPTIONS: tuple[_Opt, ...] = (
          "ollama, openai... (default openai)"),
     _Opt("max-body-bytes", "max_body_bytes", _positive(int), "largest request body; larger gets "
          "413 (default 33554432)"),
+    _Opt("body-budget", "body_budget_bytes", _nonneg_int, "request-body bytes held at once "
+         "across all connections; a body that does not fit gets 503 with Retry-After; 0: a "
+         "quarter of the memory the process may use (cgroup limit, else RAM) (default 0)"),
     _Opt("max-event-bytes", "max_event_bytes", _positive(int), "largest stream event decoded; "
          "larger ones are skipped and counted, bytes still flow (default 1048576)"),
     _Opt("connect-timeout", "connect_timeout_s", _positive(float), "upstream connect timeout, "
@@ -281,6 +293,9 @@ SERVE_OPTIONS: tuple[_Opt, ...] = (
     _Opt("advisor", "advisor", _bool, "fit each backend's step cost from the streams and serve "
          "the chunk-size advice at /advice on the admin listener, with its gauges: true/false "
          "(default true)"),
+    _Opt("trust-forwarded", "trust_forwarded", _bool, "clients are trusted proxies: pass their "
+         "X-Forwarded-*, Forwarded and X-Real-IP on and append to X-Forwarded-For; false: drop "
+         "them and set X-Forwarded-For/-Proto from the connection (default true)"),
 )  # fmt: skip
 
 
@@ -316,6 +331,9 @@ def build_config(args: argparse.Namespace, env: Mapping[str, str]) -> ProxyConfi
     cfg = ProxyConfig(**values)
     if cfg.listen == cfg.admin and cfg.listen.port != 0:
         raise ConfigError("--admin: must differ from --listen")
+    if 0 < cfg.body_budget_bytes < cfg.max_body_bytes:
+        raise ConfigError(f"--body-budget: must be 0 (automatic) or at least --max-body-bytes "
+                          f"({cfg.max_body_bytes}), got {cfg.body_budget_bytes}")  # fmt: skip
     return cfg
 
 

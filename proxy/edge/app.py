@@ -26,63 +26,35 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import aiohttp
 from aiohttp import web
-from multidict import CIMultiDict
+from aiohttp.typedefs import Handler
 
 from proxy.config import ProxyConfig
 from proxy.core.backend_view import BackendView
-from proxy.core.decoders.registry import Decoding, Format, choose, route
+from proxy.core.decoders.registry import Format, route
 from proxy.core.labels import ModelLabeler
 from proxy.core.prompt_size import estimate_prompt_tokens
 from proxy.core.records import Backend, Outcome, RequestLabels, Sink
 from proxy.core.timing import StreamTimer, StreamWatcher, gap_targets
 from proxy.core.usage import inject, wants_injection
-from proxy.edge.headers import Headers, client_response_headers, upstream_request_headers
-from proxy.edge.inbound import AiohttpInbound, Inbound, Refused
-from proxy.edge.relay import (
-    BodyRelay,
-    JsonRelay,
-    NdjsonRelay,
-    RelayResult,
-    SseRelay,
-    by_status,
-    relay_plain,
-    stream_failed,
-)
+from proxy.edge.budget import BodyBudget, default_budget
+from proxy.edge.forward import Progress, forward
+from proxy.edge.headers import Headers
+from proxy.edge.inbound import AiohttpInbound, Inbound, Refused, json_error
+from proxy.edge.pool import UpstreamPool
+from proxy.edge.request_head import unknown_coding, valid_host
 from proxy.edge.state import STATE, ProxyState
-from proxy.edge.upstream import (
-    DisconnectedBeforeHead,
-    ResetBeforeHead,
-    UpstreamConnection,
-    UpstreamError,
-    UpstreamPool,
-    request_head,
-)
-from proxy.edge.watchdog import ReaderProgress, Watchdogs
+from proxy.edge.watchdog import Watchdogs
 
 if TYPE_CHECKING:
     from proxy.edge.tracing import Tracing
 
 log = logging.getLogger("tokenstamp.proxy")
 
-# The client library would add these when the client did not send them: forward
-# only what the client sent (Host and Content-Length are the hop's own).
-_NO_AUTO_HEADERS = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
-
 NO_USAGE_INJECTION = frozenset({"llama.cpp"})
 """Providers whose usage chunk carries more than usage (llama.cpp: its timings)."""
-
-
-@dataclass(slots=True)
-class _Progress:
-    """How far one request got, for the record written when it is cancelled."""
-
-    status: int = 0
-    """Status sent to the client, once the response has started."""
 
 
 async def _read_body(client: Inbound, limit: int, timeout_s: float) -> bytes:
@@ -105,16 +77,6 @@ def request_id(headers: Headers) -> str:
     if 0 < len(given) <= 128 and given.isascii() and given.isprintable() and " " not in given:
         return given
     return uuid.uuid4().hex
-
-
-# Why an upstream gave no response, in the 502's message (``error.type`` stays the class).
-_NO_ANSWER = {
-    "ClientConnectorError": "unreachable",
-    "ClientConnectorDNSError": "unreachable (name not resolved)",
-    "ServerDisconnectedError": "closed the connection without answering",
-    "ClientOSError": "reset the connection without answering",
-    "ClientResponseError": "answered with something that is not HTTP",
-}
 
 
 def _start_timer(
@@ -151,8 +113,9 @@ def _start_timer(
 
 async def handle(request: web.Request) -> web.StreamResponse:
     """aiohttp's handler: forward one request (``exchange``)."""
-    client = AiohttpInbound(request)
-    await exchange(client, request.app[STATE])
+    state = request.app[STATE]
+    client = AiohttpInbound(request, state.body_budget)
+    await exchange(client, state)
     assert client.response is not None, "an exchange always answers"
     return client.response
 
@@ -172,7 +135,7 @@ async def exchange(client: Inbound, state: ProxyState) -> None:
     fmt = route(client.method, client.path)
     state.in_flight += 1
     timer: StreamTimer | None = None
-    progress = _Progress()
+    progress = Progress()
     outcome, error_type = Outcome.OK, ""
 
     try:
@@ -182,7 +145,7 @@ async def exchange(client: Inbound, state: ProxyState) -> None:
             if fmt is not None:
                 timer = _start_timer(client, state, fmt, None)
             outcome, progress.status, error_type = Outcome.REJECTED, exc.status, exc.error_type
-            client.refuse(exc.status, exc.error_type, str(exc))
+            client.refuse(exc.status, exc.error_type, str(exc), exc.retry_after_s)
             return
         upstream_body, injected = body, False
         if fmt is not None:
@@ -204,14 +167,12 @@ async def exchange(client: Inbound, state: ProxyState) -> None:
                         upstream_body, injected = new_body, True
                     del new_body
             parsed = None
-        if timer is not None and fmt is not None and state.pool is not None:
-            forward = _forward_observed(
-                client, state, fmt, upstream_body, timer, injected, body, progress
-            )
+        if timer is not None:
+            sending = forward(client, state, upstream_body, progress, fmt, timer, injected, body)
         else:
-            forward = _forward(client, state, upstream_body, progress)
+            sending = forward(client, state, upstream_body, progress)
         body = upstream_body = b""  # the coroutine holds them as long as it needs them
-        result = await forward
+        result = await sending
         outcome, progress.status, error_type = result.outcome, result.status, result.error_type
     except asyncio.CancelledError:
         outcome = Outcome.CLIENT_DISCONNECT if client.gone() else Outcome.UPSTREAM_ERROR
@@ -219,6 +180,7 @@ async def exchange(client: Inbound, state: ProxyState) -> None:
         raise
     finally:
         state.in_flight -= 1
+        client.release_body()
         if timer is not None:
             try:
                 timer.finish(clock(), outcome, progress.status, error_type)
@@ -234,256 +196,30 @@ def _parse_json_object(body: bytes) -> dict[str, object] | None:
     return obj if isinstance(obj, dict) else None
 
 
-async def _forward(
-    client: Inbound, state: ProxyState, body: bytes, progress: _Progress
-) -> RelayResult:
-    """Send an unobserved request upstream on aiohttp's client, relay the response; map
-    failures to statuses or outcomes."""
-    assert state.session is not None, "the upstream session opens with the app"
-    cfg = state.config
-    url = cfg.upstream + client.target
-    headers = upstream_request_headers(
-        client.headers, client_ip=client.remote, scheme=client.scheme, identity=False
-    )
-    started = False
-    try:
-        up = await _send(state, client.method, url, headers, body)
-        clean = False
-        try:
-            await client.start(
-                up.status, up.reason or "", client_response_headers(up.headers, keep_length=True)
-            )
-            started = True
-            progress.status = up.status
-            # Cut after --max-stream-duration, or by the watchdog once the body falls silent.
-            limit = cfg.max_stream_duration_s or None
-            async with (
-                asyncio.timeout(limit) as deadline,
-                state.watchdogs.watch(ReaderProgress(up.content), deadline),
-            ):
-                result = await relay_plain(up, client)
-            if result.complete:
-                try:
-                    await client.end()
-                except ConnectionError:
-                    return RelayResult(Outcome.CLIENT_DISCONNECT, up.status,
-                                       "client_disconnect", complete=False)  # fmt: skip
-                clean = True
-            return result
-        finally:
-            if clean:
-                up.release()
-            else:
-                up.close()
-    except TimeoutError:
-        if not started:
-            return _no_answer_in_time(client, cfg.read_timeout_s)
-        client.abort()
-        return RelayResult(Outcome.TIMEOUT, progress.status, "timeout")
-    except aiohttp.ClientError as exc:
-        kind = type(exc).__name__
-        if not started:
-            return _no_answer(client, cfg.backend_label, kind)
-        client.abort()
-        return RelayResult(Outcome.UPSTREAM_ERROR, progress.status, kind)
+TUNNEL_ALLOW = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"
+"""What a refused ``CONNECT`` is told the proxy forwards (``Allow``)."""
 
 
-def _no_answer_in_time(client: Inbound, read_timeout_s: float) -> RelayResult:
-    msg = f"upstream did not answer within {read_timeout_s:g} s (--read-timeout)"
-    client.refuse(504, "upstream_timeout", msg)
-    return RelayResult(Outcome.TIMEOUT, 504, "timeout")
-
-
-def _no_answer(client: Inbound, backend_label: str, kind: str) -> RelayResult:
-    msg = f"upstream {backend_label} {_NO_ANSWER.get(kind, 'failed')}: {kind}"
-    client.refuse(502, "upstream_unreachable", msg)
-    return RelayResult(Outcome.UPSTREAM_ERROR, 502, kind)
-
-
-async def _forward_observed(
-    client: Inbound,
-    state: ProxyState,
-    fmt: Format,
-    body: bytes,
-    timer: StreamTimer,
-    injected: bool,
-    original_body: bytes,
-    progress: _Progress,
-) -> RelayResult:
-    """An observed request: sent on the proxy's own upstream client, its body relayed and
-    observed read by read inside the upstream connection's callbacks (``proxy.edge.relay``)."""
-    cfg = state.config
-    headers = upstream_request_headers(
-        client.headers, client_ip=client.remote, scheme=client.scheme, identity=True
-    )
-    client.forget_headers()  # copied into ``headers``: not kept while the body streams
-    started = False
-    conn: UpstreamConnection | None = None
-    clean = False
-    try:
-        conn = await _send_observed(state, client, headers, body, timer)
-        if injected and conn.status in (400, 422):
-            # The backend may not know stream_options: ask again exactly as the client did.
-            await conn.discard_body()
-            refused = conn.status
-            _release(state, conn)
-            conn = await _send_observed(state, client, headers, original_body, timer)
-            if conn.status < 400:
-                state.inject_usage = False
-                log.warning(
-                    "upstream refused stream_options.include_usage (status %d); "
-                    "usage injection is now off for this backend",
-                    refused,
-                )
-            injected = False
-        del body, original_body, headers  # not sent again: not kept while the body streams
-        up_headers = conn.headers
-        content_type = up_headers.get("Content-Type", "")
-        is_sse = content_type.startswith("text/event-stream")
-        encoded = up_headers.get("Content-Encoding", "identity").lower() != "identity"
-        decoding = choose(fmt, content_type)
-        if encoded:
-            state.sink.unobserved(state.backend, "encoded_response")
-        elif decoding is None:
-            state.sink.unobserved(state.backend, "content_type")
-        out_headers = client_response_headers(up_headers, keep_length=not (is_sse and injected))
-        del up_headers
-        conn.forget_headers()  # copied into ``out_headers``: not kept while the body streams
-        if is_sse or decoding is Decoding.NDJSON:
-            out_headers["X-Accel-Buffering"] = "no"
-        status = conn.status
-        await client.start(status, conn.reason, out_headers)
-        del out_headers
-        started = True
-        progress.status = status
-        transport = client.transport
-        if transport is None or transport.is_closing():
-            return _client_left(status)
-        chunked = client.chunked
-        capture = state.tracing.capture_buffer(timer) if state.tracing is not None else None
-        relay: BodyRelay
-        if encoded or decoding is None:
-            relay = BodyRelay(conn, transport, chunked=chunked, capture=capture)
-        elif decoding is Decoding.SSE:
-            timer.streamed = True
-            relay = SseRelay(conn, transport, timer, state, fmt, chunked=chunked,
-                             strip_usage=injected, capture=capture)  # fmt: skip
-        elif decoding is Decoding.NDJSON:
-            timer.streamed = True
-            relay = NdjsonRelay(conn, transport, timer, state, fmt, chunked=chunked,
-                                capture=capture)  # fmt: skip
-        else:
-            relay = JsonRelay(conn, transport, timer, state, fmt, chunked=chunked, capture=capture)
-        del transport
-        # A body is cut (outcome timeout) after --max-stream-duration, or by the
-        # watchdog once it falls silent.
-        limit = cfg.max_stream_duration_s or None
-        async with asyncio.timeout(limit) as deadline, state.watchdogs.watch(relay, deadline):
-            complete = await relay.run(client)
-        if not complete:
-            return _client_left(status)
-        if timer.stream_error and (decoding is not Decoding.JSON or status < 400):
-            result = stream_failed(status, timer, state)
-        else:
-            result = by_status(status)
-        try:
-            await client.end()
-        except ConnectionError:
-            return _client_left(status)
-        clean = True
-        return result
-    except TimeoutError:
-        if not started:
-            return _no_answer_in_time(client, cfg.read_timeout_s)
-        client.abort()
-        return RelayResult(Outcome.TIMEOUT, progress.status, "timeout")
-    except UpstreamError as exc:
-        if not started:
-            return _no_answer(client, cfg.backend_label, exc.kind)
-        client.abort()
-        return RelayResult(Outcome.UPSTREAM_ERROR, progress.status, exc.kind)
-    finally:
-        # A response not read to its end must not go back to the pool: close it,
-        # which also tells the backend to stop generating.
-        if conn is not None:
-            if clean:
-                _release(state, conn)
-            else:
-                conn.detach()
-                conn.close()
-
-
-def _client_left(status: int) -> RelayResult:
-    return RelayResult(Outcome.CLIENT_DISCONNECT, status, "client_disconnect", complete=False)
-
-
-def _release(state: ProxyState, conn: UpstreamConnection) -> None:
-    conn.detach()
-    if state.pool is not None:
-        state.pool.release(conn)
+@web.middleware
+async def _refusals(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """What the proxy refuses of any request aiohttp's server parsed, before routing (which
+    would answer 404 to a ``CONNECT`` target): ``CONNECT`` (405: the proxy forwards
+    requests, it opens no tunnels; RFC 9110 section 9.3.6), a transfer coding other than
+    chunked (501: RFC 9112 section 6.1; it would go upstream still encoded and unnamed),
+    a ``Host`` that is not a host (400: RFC 9112 section 3.2)."""
+    if request.method == "CONNECT":
+        resp = json_error(405, "method_not_allowed", "the proxy forwards HTTP requests; it "
+                          "opens no tunnels (CONNECT)")  # fmt: skip
+        resp.headers["Allow"] = TUNNEL_ALLOW
+    elif unknown_coding(",".join(request.headers.getall("Transfer-Encoding", ()))):
+        resp = json_error(501, "transfer_coding", "the proxy decodes no transfer coding but "
+                          "chunked")  # fmt: skip
+    elif not valid_host(request.headers.get("Host", "")):
+        resp = json_error(400, "invalid_host", "the Host header is not a host[:port]")
     else:
-        conn.close()
-
-
-async def _send_observed(
-    state: ProxyState,
-    client: Inbound,
-    headers: CIMultiDict[str],
-    body: bytes,
-    timer: StreamTimer,
-) -> UpstreamConnection:
-    """Send an observed request and wait for the response head (at most --read-timeout)."""
-    pool = state.pool
-    assert pool is not None
-    if state.tracing is not None:
-        state.tracing.inject(timer, headers)  # the proxy's span becomes the upstream's parent
-    target = pool.path_prefix + client.target
-    head = request_head(client.method, target, pool.host_header, headers, len(body))
-    conn = await pool.acquire()
-    for attempt in (0, 1):
-        pooled = conn.idle_since > 0
-        # Stamped as the request is handed to the connection: on a pooled
-        # keep-alive connection the bytes leave within microseconds.
-        timer.forwarded(state.clock())
-        try:
-            async with asyncio.timeout(state.config.read_timeout_s):
-                await conn.send(head, body)
-        except (DisconnectedBeforeHead, ResetBeforeHead) as exc:
-            conn.close()
-            # A pooled keep-alive connection the backend had already closed (llama.cpp
-            # closes after every stream while announcing keep-alive): the request never
-            # got an answer, so it goes once more, on a fresh connection.
-            if attempt or not (pooled or isinstance(exc, DisconnectedBeforeHead)):
-                raise
-            log.debug("upstream closed a connection before answering; retrying once")
-            conn = await pool.connect()
-            continue
-        except BaseException:
-            conn.close()
-            raise
-        return conn
-    raise AssertionError("unreachable")
-
-
-async def _send(
-    state: ProxyState, method: str, url: str, headers: CIMultiDict[str], body: bytes
-) -> aiohttp.ClientResponse:
-    """Send an unobserved request on aiohttp's client."""
-    assert state.session is not None
-    try:
-        return await state.session.request(
-            method, url, headers=headers, data=body or None,
-            allow_redirects=False, auto_decompress=False, skip_auto_headers=_NO_AUTO_HEADERS,
-        )  # fmt: skip
-    except aiohttp.ServerDisconnectedError:
-        # A pooled keep-alive connection the backend had already closed (llama.cpp
-        # closes after every stream while announcing keep-alive): the request never
-        # got an answer, so it goes once more, on a fresh connection.
-        log.debug("upstream closed a pooled connection before answering; retrying once")
-        return await state.session.request(
-            method, url, headers=headers, data=body or None,
-            allow_redirects=False, auto_decompress=False, skip_auto_headers=_NO_AUTO_HEADERS,
-        )  # fmt: skip
+        return await handler(request)
+    resp.force_close()  # what follows may be a tunnel's bytes, or an unread body
+    return resp
 
 
 def create_app(
@@ -500,7 +236,7 @@ def create_app(
     ``tracing`` (built on an injected tracer provider) adds a span per observed
     request and propagates W3C trace context upstream; without it, none.
     """
-    app = web.Application(client_max_size=config.max_body_bytes)
+    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[_refusals])
     state = ProxyState(
         config=config,
         sink=sink,
@@ -508,6 +244,7 @@ def create_app(
         backend=Backend(provider=config.provider, address=config.backend_label),
         labeler=ModelLabeler(config.model_label_limit, config.model_allowlist),
         watchdogs=Watchdogs(config.read_timeout_s),
+        body_budget=BodyBudget(config.body_budget_bytes or default_budget(config.max_body_bytes)),
         watcher=watcher,
         watcher_gaps=gap_targets(watcher),
         stalls=stalls,
@@ -518,23 +255,15 @@ def create_app(
     )
     app[STATE] = state
 
-    async def session_ctx(app: web.Application) -> AsyncIterator[None]:
-        timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=config.connect_timeout_s, sock_read=config.read_timeout_s
-        )
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=60)
-        state.session = aiohttp.ClientSession(
-            timeout=timeout, connector=connector, auto_decompress=False, trust_env=False
-        )
+    async def pool_ctx(app: web.Application) -> AsyncIterator[None]:
         state.pool = UpstreamPool(
             config.upstream, connect_timeout_s=config.connect_timeout_s, clock=clock
         )
         yield
         await state.tasks.cancel_all()
         state.pool.close()
-        await state.session.close()
 
-    app.cleanup_ctx.append(session_ctx)
+    app.cleanup_ctx.append(pool_ctx)
 
     async def close_when_draining(request: web.Request, response: web.StreamResponse) -> None:
         if state.draining:  # tell kept-alive clients to move on before the drain ends

@@ -31,6 +31,19 @@ HOP_BY_HOP = frozenset(
 _REQUEST_DROP = frozenset({"host", "content-length", "expect"})
 _RESPONSE_DROP = frozenset({"content-length"})
 
+#: What a client may claim about the hops before it; trusted only from a trusted proxy.
+FORWARDING = frozenset(
+    {
+        "forwarded",
+        "x-forwarded-for",
+        "x-forwarded-proto",
+        "x-forwarded-host",
+        "x-forwarded-port",
+        "x-forwarded-prefix",
+        "x-real-ip",
+    }
+)
+
 #: Headers that carry credentials: never logged, labelled or recorded.
 SECRET_HEADERS = frozenset(
     {"authorization", "proxy-authorization", "api-key", "x-api-key", "cookie", "set-cookie"}
@@ -59,15 +72,19 @@ def upstream_request_headers(
     client_ip: str | None,
     scheme: str,
     identity: bool,
+    trust: bool = True,
 ) -> CIMultiDict[str]:
     """Headers to send upstream: end-to-end ones plus ``X-Forwarded-For/-Proto``.
 
-    ``identity`` asks the upstream not to compress (observed routes: a token
-    stream must be readable to be timed, and compressing it defeats streaming).
+    ``trust`` (``--trust-forwarded``): the client is a proxy whose forwarding
+    headers (``FORWARDING``) pass on, ours appended; otherwise they are dropped
+    and only what the proxy itself sees is sent. ``identity`` asks the upstream
+    not to compress (observed routes: a token stream must be readable to be
+    timed, and compressing it defeats streaming).
     """
-    out = _filtered(headers, _REQUEST_DROP)
+    out = _filtered(headers, _REQUEST_DROP if trust else _REQUEST_DROP | FORWARDING)
     if client_ip:
-        prior = headers.get("X-Forwarded-For")
+        prior = headers.get("X-Forwarded-For") if trust else None
         out["X-Forwarded-For"] = f"{prior}, {client_ip}" if prior else client_ip
     if "X-Forwarded-Proto" not in out:
         out["X-Forwarded-Proto"] = scheme
@@ -76,9 +93,7 @@ def upstream_request_headers(
     return out
 
 
-def client_response_headers(
-    headers: CIMultiDictProxy[str], *, keep_length: bool
-) -> CIMultiDict[str]:
+def client_response_headers(headers: Headers, *, keep_length: bool) -> CIMultiDict[str]:
     """Headers to send the client: the upstream's end-to-end headers.
 
     ``Content-Length`` is kept only when the body goes through unchanged.

@@ -18,16 +18,21 @@ from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 from multidict import CIMultiDict
 
-from proxy.edge.headers import Headers
+from proxy.edge.budget import RETRY_AFTER_S, BodyBudget, budget_message
+from proxy.edge.headers import Headers, client_response_headers
 
 
 class Refused(Exception):
     """The proxy refuses the request before contacting the upstream."""
 
-    def __init__(self, status: int, error_type: str, message: str) -> None:
+    def __init__(
+        self, status: int, error_type: str, message: str, retry_after_s: int | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.error_type = error_type
+        self.retry_after_s = retry_after_s
+        """Seconds the client is told to wait (``Retry-After``), when it may try again."""
 
 
 def error_text(status: int, error_type: str, message: str) -> str:
@@ -35,13 +40,18 @@ def error_text(status: int, error_type: str, message: str) -> str:
     return json.dumps({"error": {"message": message, "type": error_type, "code": status}})
 
 
-def json_error(status: int, error_type: str, message: str) -> web.Response:
+def json_error(
+    status: int, error_type: str, message: str, retry_after_s: int | None = None
+) -> web.Response:
     """``error_text`` as an aiohttp response."""
+    headers = {"X-Tokenstamp-Error": error_type}
+    if retry_after_s is not None:
+        headers["Retry-After"] = str(retry_after_s)
     return web.Response(
         status=status,
         text=error_text(status, error_type, message),
         content_type="application/json",
-        headers={"X-Tokenstamp-Error": error_type},
+        headers=headers,
     )
 
 
@@ -77,11 +87,21 @@ class Inbound(Protocol):
         ...
 
     async def read_body(self, limit: int) -> bytes:
-        """The whole request body; ``Refused`` (413) once it passes ``limit`` bytes."""
+        """The whole request body; ``Refused``: 413 past ``limit`` bytes, 503 over budget."""
         ...
 
-    def refuse(self, status: int, error_type: str, message: str) -> None:
+    def release_body(self) -> None:
+        """The body went upstream (or never will): give its bytes back to the budget."""
+        ...
+
+    def refuse(
+        self, status: int, error_type: str, message: str, retry_after_s: int | None = None
+    ) -> None:
         """Answer with an error of ours instead of a relayed response."""
+        ...
+
+    def interim(self, status: int, reason: str, headers: Headers) -> None:
+        """Relay an interim (1xx) response before the final one, where the client takes it."""
         ...
 
     async def start(self, status: int, reason: str, headers: CIMultiDict[str]) -> None:
@@ -109,6 +129,7 @@ class AiohttpInbound:
     """An aiohttp request as an ``Inbound``; ``response`` is what the handler returns."""
 
     __slots__ = (
+        "_hold",
         "_stream",
         "_writer",
         "chunked",
@@ -122,8 +143,9 @@ class AiohttpInbound:
         "target",
     )  # fmt: skip
 
-    def __init__(self, request: web.Request) -> None:
+    def __init__(self, request: web.Request, budget: BodyBudget) -> None:
         self.request = request
+        self._hold = budget.hold()
         self.method = request.method
         self.path = request.path
         self.target = str(request.rel_url)
@@ -149,10 +171,16 @@ class AiohttpInbound:
         """Nothing to let go: the aiohttp request keeps its headers anyway."""
 
     async def read_body(self, limit: int) -> bytes:
-        """The whole request body; ``Refused`` (413) once it passes ``limit`` bytes."""
+        """The whole request body; ``Refused``: 413 past ``limit`` bytes, 503 over budget.
+
+        A declared length is reserved whole before reading; a chunked body as it grows.
+        """
         declared = self.request.content_length
         if declared is not None and declared > limit:
             raise too_large(limit, declared)
+        hold = self._hold
+        if declared and not hold.grow(declared):
+            raise over_budget(hold.budget, declared)
         buf = bytearray()
         content = self.request.content
         while True:
@@ -162,10 +190,33 @@ class AiohttpInbound:
             buf += chunk
             if len(buf) > limit:
                 raise too_large(limit, None)
+            if declared is None and not hold.grow(len(chunk)):
+                raise over_budget(hold.budget, None)
 
-    def refuse(self, status: int, error_type: str, message: str) -> None:
+    def release_body(self) -> None:
+        """The body went upstream (or never will): give its bytes back to the budget."""
+        self._hold.release()
+
+    def refuse(
+        self, status: int, error_type: str, message: str, retry_after_s: int | None = None
+    ) -> None:
         """Answer with an error of ours instead of a relayed response."""
-        self.response = json_error(status, error_type, message)
+        self.response = json_error(status, error_type, message, retry_after_s)
+        if not self.request.content.at_eof():
+            self.response.force_close()  # the body was not read to its end
+
+    def interim(self, status: int, reason: str, headers: Headers) -> None:
+        """Relay an interim (1xx) response: written ahead of aiohttp's response, which has
+        not started (as aiohttp itself writes ``100 Continue``); never to HTTP/1.0."""
+        t = self.request.transport
+        if self.response is not None or t is None or t.is_closing():
+            return
+        if self.request.version < (1, 1):
+            return
+        lines = [f"HTTP/1.1 {status} {reason}"]
+        lines.extend(f"{k}: {v}" for k, v in client_response_headers(headers, keep_length=False)
+                     .items())  # fmt: skip
+        t.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
 
     async def start(self, status: int, reason: str, headers: CIMultiDict[str]) -> None:
         """Send the response head (``Content-Length`` in ``headers`` means not chunked)."""
@@ -200,6 +251,11 @@ class AiohttpInbound:
         t = self.request.transport
         if t is not None:
             t.close()
+
+
+def over_budget(budget: BodyBudget, declared: int | None) -> Refused:
+    """The 503 of a request body that does not fit in the body budget now."""
+    return Refused(503, "body_budget", budget_message(budget, declared), RETRY_AFTER_S)
 
 
 def too_large(limit: int, declared: int | None) -> Refused:

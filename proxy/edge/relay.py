@@ -10,7 +10,7 @@ writes, not one per piece: the first piece goes at once, the others together
 when the read is done (``read_done``), each still framed as its own chunk.
 When the client's socket buffer is full, upstream reading pauses until it
 drains, so a slow client slows its own stream only and memory stays bounded.
-Unobserved bodies keep aiohttp's client (``relay_plain``).
+Unobserved bodies take the same path with a plain ``BodyRelay`` (written, not looked at).
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ import asyncio
 import logging
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
-
-import aiohttp
 
 from proxy.core.decoders.ndjson import NdjsonDecoder, NdjsonLine
 from proxy.core.decoders.openai import OUTPUT
@@ -31,7 +29,8 @@ from proxy.core.records import Outcome
 from proxy.core.timing import StreamTimer
 from proxy.core.usage import EventCutter
 from proxy.edge.tracing import CAPTURE_BYTES
-from proxy.edge.upstream import UpstreamConnection, UpstreamError
+from proxy.edge.upstream import UpstreamConnection
+from proxy.edge.upstream_errors import UpstreamError
 
 if TYPE_CHECKING:
     from proxy.edge.state import ProxyState
@@ -63,29 +62,6 @@ class Drainable(Protocol):
     async def drain(self) -> None:
         """Wait until the client's buffer has room (``ConnectionError`` if it went away)."""
         ...
-
-
-class Writable(Drainable, Protocol):
-    """What ``relay_plain`` writes to (``proxy.edge.inbound.Inbound``)."""
-
-    async def write(self, data: bytes) -> None:
-        """Send body bytes, waiting while the client's buffer is full."""
-        ...
-
-
-async def relay_plain(up: aiohttp.ClientResponse, client: Writable) -> RelayResult:
-    """Copy an unobserved body unchanged, read by read (aiohttp's client: not the hot path)."""
-    content = up.content
-    status = up.status
-    while True:
-        chunk = await content.readany()
-        if not chunk:
-            return RelayResult(Outcome.OK, status)
-        try:
-            await client.write(chunk)
-        except ConnectionError:
-            return RelayResult(Outcome.CLIENT_DISCONNECT, status, "client_disconnect",
-                               complete=False)  # fmt: skip
 
 
 class BodyRelay:

@@ -25,16 +25,18 @@ from prometheus_client import CollectorRegistry
 
 from exporters.fanout import FanoutSink
 from exporters.otel import OtelMetricsSink
+from exporters.otel_budget import observe_body_budget
 from exporters.otel_fit import OtelBackendFitGauges
 from exporters.otel_setup import OtelConfigError, Telemetry, build_telemetry
 from exporters.otel_spans import SpanRecorder
-from exporters.prometheus import BackendFitGauges, PrometheusSink
+from exporters.prometheus import BackendFitGauges, BodyBudgetMetrics, PrometheusSink
 from proxy import hot_path_build
 from proxy.advisor.observations import AdvisorObservations, ObservationSink
 from proxy.advisor.web import Advisor, advice_routes
 from proxy.config import ConfigError, HostPort, ProxyConfig
 from proxy.core.backend_fit import BackendFitRecord
 from proxy.core.backend_view import BackendView
+from proxy.core.ratelog import RateLimitedLog
 from proxy.core.records import Backend, Sink
 from proxy.core.stall_detector import StallSettings
 from proxy.core.timing import StreamWatcher
@@ -51,29 +53,41 @@ from proxy.timeline.web import timeline_routes
 log = logging.getLogger("tokenstamp.server")
 
 
-class _BadRequestRedactor(logging.Filter):
-    """Keeps credentials out of aiohttp's log of a request it could not parse.
+class _BadRequestLog(logging.Filter):
+    """Makes aiohttp's log of a request it could not parse one rate-limited warning.
 
     aiohttp logs a malformed request at ERROR with the parse error, whose text
-    quotes the offending header line: an ``Authorization`` header included. This
-    rewrites such records to the error's type alone.
+    quotes the offending header line (an ``Authorization`` header included), and
+    a client can send one per connection at will. Such a record becomes one
+    WARNING line with the error's type alone, at most once per
+    ``proxy.core.ratelog.EVERY_S`` seconds; the next line says how many were muted.
     """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.limit = RateLimitedLog(log)
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, HttpProcessingError):
-            record.msg = "bad request from %s: %s (details withheld: they may quote headers)"
-            record.args = (record.args[0] if isinstance(record.args, tuple) and record.args
-                           else "?", type(exc).__name__)  # fmt: skip
-            record.exc_info = None
-            record.exc_text = None
+        if not isinstance(exc, HttpProcessingError):
+            return True
+        n = self.limit.allow()
+        if n is None:
+            return False
+        peer = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
+        muted = f" ({n - 1} more like it not logged)" if n > 1 else ""
+        record.msg = "bad request from %s: %s (details withheld: they may quote headers)%s"
+        record.args = (peer, type(exc).__name__, muted)
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        record.exc_info = None
+        record.exc_text = None
         return True
 
 
 def _redact_bad_requests() -> None:
     server_log = logging.getLogger("aiohttp.server")
-    if not any(isinstance(f, _BadRequestRedactor) for f in server_log.filters):
-        server_log.addFilter(_BadRequestRedactor())
+    if not any(isinstance(f, _BadRequestLog) for f in server_log.filters):
+        server_log.addFilter(_BadRequestLog())
 
 
 @dataclass(slots=True)
@@ -151,6 +165,22 @@ async def _listen(front: Front, where: HostPort) -> asyncio.Server:
                                         backlog=128)  # fmt: skip
     except OSError as exc:
         raise ConfigError(f"--listen: cannot listen on {where}: {exc.strerror or exc}") from None
+
+
+def proxy_app_runner(app: web.Application, config: ProxyConfig) -> web.AppRunner:
+    """aiohttp's server for the proxy application: every request the front hands over."""
+    return web.AppRunner(
+        app,
+        handler_cancellation=True,  # a client that goes away cancels its upstream request
+        access_log=None,
+        shutdown_timeout=1.0,
+        # aiohttp closes a connection whose handler still waits for a complete request
+        # head when this runs out: the slowloris guard, and the idle keep-alive.
+        keepalive_timeout=config.header_timeout_s,
+        # A request body goes upstream as the client sent it: decompressing it would send
+        # other bytes under the client's Content-Encoding.
+        auto_decompress=False,
+    )
 
 
 def stall_settings(config: ProxyConfig) -> StallSettings:
@@ -258,6 +288,14 @@ async def start_proxy(
     )
     app = create_app(config, sink=sink, clock=clock, watcher=combined, stalls=view, tracing=tracing)
     state = app[STATE]
+    budget = state.body_budget
+
+    def read_budget() -> tuple[int, int, int]:
+        return budget.held, budget.limit, budget.refused
+
+    BodyBudgetMetrics(registry, state.backend, read_budget)
+    if meter_provider is not None:
+        observe_body_budget(meter_provider, state.backend, read_budget)
     if view is not None:
         _ = state.tasks.spawn(_flush_stalls(view, clock), name="tokenstamp-stall-flush")
     if tracing is not None and tracing.spans.linger_ns:
@@ -283,15 +321,7 @@ async def start_proxy(
         add_advice(admin_app)
 
     admin = create_admin_app(state, registry, extra_routes=extra_routes)
-    proxy_runner = web.AppRunner(
-        app,
-        handler_cancellation=True,  # a client that goes away cancels its upstream request
-        access_log=None,
-        shutdown_timeout=1.0,
-        # aiohttp closes a connection whose handler still waits for a complete request
-        # head when this runs out: the slowloris guard, and the idle keep-alive.
-        keepalive_timeout=config.header_timeout_s,
-    )
+    proxy_runner = proxy_app_runner(app, config)
     admin_runner = web.AppRunner(admin, access_log=None, shutdown_timeout=1.0)
     await proxy_runner.setup()
     await admin_runner.setup()

@@ -11,7 +11,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import aiohttp
 from aiohttp import web
 
 from proxy.config import ProxyConfig
@@ -19,8 +18,9 @@ from proxy.core.backend_view import BackendView
 from proxy.core.labels import ErrorKindLabeler, ModelLabeler
 from proxy.core.records import Backend, Sink
 from proxy.core.timing import GapTargets, StreamWatcher
+from proxy.edge.budget import BodyBudget
+from proxy.edge.pool import UpstreamPool
 from proxy.edge.tasks import TaskSet
-from proxy.edge.upstream import UpstreamPool
 from proxy.edge.watchdog import Watchdogs
 
 if TYPE_CHECKING:
@@ -44,6 +44,8 @@ class ProxyState:
     """Bounded model labels."""
     watchdogs: Watchdogs
     """The read watchdog of every body being relayed (one timer for all)."""
+    body_budget: BodyBudget
+    """Request-body bytes held at once, across all connections (``--body-budget``)."""
     error_kinds: ErrorKindLabeler = field(default_factory=ErrorKindLabeler)
     """Bounded ``error.type`` values reported by the upstream in its stream."""
     watcher: StreamWatcher | None = None
@@ -54,11 +56,9 @@ class ProxyState:
     """The backend's stall view, when stall detection is on."""
     tracing: Tracing | None = None
     """Spans and trace-context propagation, when a tracer provider is given."""
-    session: aiohttp.ClientSession | None = None
-    """Upstream HTTP client of unobserved requests, opened in ``cleanup_ctx``."""
     pool: UpstreamPool | None = None
-    """Upstream connections of observed requests (``proxy.edge.upstream``), opened in
-    ``cleanup_ctx``."""
+    """Upstream connections of every forwarded request (``proxy.edge.upstream``), opened
+    in ``cleanup_ctx``."""
     tasks: TaskSet = field(default_factory=TaskSet)
     """Background work owned by the app."""
     in_flight: int = 0

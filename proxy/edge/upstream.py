@@ -1,4 +1,4 @@
-"""The upstream client of observed requests: HTTP/1.1 on an asyncio protocol, bodies by callback.
+"""The upstream client of observed requests: HTTP/1.1 exchanges on an asyncio protocol.
 
 Why not aiohttp's client here: its body arrives through a ``StreamReader``,
 so every read costs a future, a task wake-up, an ``await readany()`` and a
@@ -10,10 +10,28 @@ from; the relay writes it to the client and observes it in the same call.
 Flow control is the transport's: a consumer that cannot write pauses reading
 (``pause_reading``) until the client drains.
 
+One connection carries one exchange at a time, and its states are the table
+``TRANSITIONS`` below (h11's idea: a transition table, and reuse allowed from
+one state only). llhttp reads the bytes; this module decides what they may
+mean for the exchange (RFC 9112, RFC 9110 section 15.2):
+
+- An interim response (1xx other than 101) is read past: never relayed as the
+  answer, never the end of the exchange. A 101 is an error: the proxy never
+  asks to switch protocols.
+- The exchange ends where the response's framing says. Any byte after that
+  end, in the same read or a later one, or on an idle pooled connection, makes
+  the connection unusable: it is closed and nothing of it is relayed. (CR and
+  LF alone right after the end, in the same read, are skipped by llhttp as
+  RFC 9112 section 2.2 allows; they cannot carry anything to relay.)
+- A connection goes back to the pool only from ``DONE`` and only when
+  ``reusable``: nothing unread, the request written whole before the answer
+  came, keep-alive on both sides. Every other way out closes it.
+
 Only observed requests (POST to a completion route, body already read) come
 here; everything else keeps aiohttp's client. Connections are kept alive in a
-small pool. Failures raise ``UpstreamError`` subclasses whose ``kind`` is the
-``error.type`` label, the same names the aiohttp path reports.
+small pool (``proxy.edge.pool``). Failures raise ``UpstreamError`` subclasses
+whose ``kind`` is the ``error.type`` label, the same names the aiohttp path
+reports.
 """
 
 from __future__ import annotations
@@ -21,71 +39,36 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
-import socket
-import ssl
-import time
-from collections import deque
 from collections.abc import Callable
-from typing import ClassVar, Protocol, cast
-from urllib.parse import urlsplit
+from typing import Final, Protocol, cast
 
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 
-log = logging.getLogger("tokenstamp.proxy")
+from proxy.core.ratelog import RateLimitedLog
+from proxy.edge.upstream_errors import (
+    DisconnectedBeforeHead,
+    NotHttp,
+    PayloadError,
+    ResetBeforeHead,
+    UpstreamError,
+)
 
-IDLE_S = 15.0
-"""A pooled connection unused this long is closed instead of reused (aiohttp's default)."""
-MAX_IDLE = 256
-"""At most this many idle connections are kept."""
+log = logging.getLogger("tokenstamp.proxy")
+_violations = RateLimitedLog(log)
+"""Upstream violations of the one-exchange rule (an upstream can do it on every response)."""
+
 EARLY_BYTES = 1 << 16
 """Body bytes kept for a relay not attached yet; past this, reading pauses until it is."""
+MAX_INTERIM = 64
+"""Interim responses read past before one exchange's final head; more is an error."""
+
+Interim = Callable[[int, str, CIMultiDict[str]], None]
+"""Where an interim (1xx) response goes: status, reason, headers (the client relays it)."""
 
 
 _NO_HEADERS: CIMultiDict[str] = CIMultiDict()
 """What a connection holds once its response's headers were taken (never added to)."""
-
-
-class UpstreamError(Exception):
-    """The upstream failed; ``kind`` is the bounded ``error.type`` value."""
-
-    kind: ClassVar[str] = "UpstreamError"
-
-
-class ConnectFailed(UpstreamError):
-    """No connection could be opened."""
-
-    kind: ClassVar[str] = "ClientConnectorError"
-
-
-class NameNotResolved(ConnectFailed):
-    """The upstream's host name did not resolve."""
-
-    kind: ClassVar[str] = "ClientConnectorDNSError"
-
-
-class DisconnectedBeforeHead(UpstreamError):
-    """The upstream closed the connection without answering."""
-
-    kind: ClassVar[str] = "ServerDisconnectedError"
-
-
-class ResetBeforeHead(UpstreamError):
-    """The upstream reset the connection without answering."""
-
-    kind: ClassVar[str] = "ClientOSError"
-
-
-class NotHttp(UpstreamError):
-    """What the upstream answered is not an HTTP response."""
-
-    kind: ClassVar[str] = "ClientResponseError"
-
-
-class PayloadError(UpstreamError):
-    """The body broke off: reset, closed before its end, or bad framing."""
-
-    kind: ClassVar[str] = "ClientPayloadError"
 
 
 class BodyConsumer(Protocol):
@@ -101,16 +84,45 @@ class BodyConsumer(Protocol):
         """The body ended: complete (``None``) or broken off."""
 
 
-class UpstreamConnection(asyncio.Protocol):
-    """One HTTP/1.1 connection to the upstream; one request at a time.
+IDLE: Final = 0
+"""Open with no exchange: just connected, or back in the pool. Any byte read here answers
+nothing that was asked: the connection closes."""
+HEAD: Final = 1
+"""A request was written; its final response head is awaited (interim 1xx heads are read
+past: never relayed, never the end of the exchange)."""
+BODY: Final = 2
+"""The final head was read; body pieces go to the consumer as they are read."""
+DONE: Final = 3
+"""The response ended where its framing said. Any further byte, in this read or a later
+one, makes the connection unusable: it closes, and nothing after the end is relayed."""
+CLOSED: Final = 4
+"""Closed, or unusable: never pooled again."""
 
+PHASES: Final = ("IDLE", "HEAD", "BODY", "DONE", "CLOSED")
+"""The phases' names, by number (for messages)."""
+
+TRANSITIONS: Final[dict[int, tuple[int, ...]]] = {
+    IDLE: (HEAD, CLOSED),  # ``send``; or bytes nobody asked for, a close, the pool's cleanup
+    HEAD: (BODY, CLOSED),  # a final (non-1xx) head; or no answer, not HTTP, a 101 not asked for
+    BODY: (DONE, CLOSED),  # the body's end by its framing; or broken off, cut by the proxy
+    DONE: (IDLE, CLOSED),  # ``recycle`` when ``reusable`` (the only way back); else closed
+    CLOSED: (),
+}
+"""Every legal move of one connection; anything else is a bug of the proxy's own (raised)."""
+
+
+class UpstreamConnection(asyncio.Protocol):
+    """One HTTP/1.1 connection to the upstream; one exchange at a time, by ``TRANSITIONS``.
+
+    A connection goes back to the pool from one state only (``reusable``): the
+    response is complete (``DONE``), nothing after its end was read, the request
+    was written whole before the response came, and both sides kept the
+    connection alive (the request never says ``close``; the response must not).
     Slotted: one of these lives per open stream.
     """
 
     __slots__ = (
-        "_busy",
         "_clock",
-        "_complete",
         "_consumer",
         "_early",
         "_early_bytes",
@@ -118,13 +130,19 @@ class UpstreamConnection(asyncio.Protocol):
         "_eof_delimited",
         "_error",
         "_head",
+        "_head_only",
         "_headers",
+        "_interim",
+        "_interim_to",
+        "_interims",
         "_keep_alive",
-        "_lost",
         "_parser",
+        "_phase",
         "_read_ns",
         "_reason",
         "_status",
+        "_violation",
+        "_written",
         "idle_since",
         "paused",
         "received_bytes",
@@ -134,19 +152,23 @@ class UpstreamConnection(asyncio.Protocol):
     def __init__(self, clock: Callable[[], int]) -> None:
         self._clock = clock
         self.transport: asyncio.Transport | None = None
+        self._phase = IDLE
         self._parser = httptools.HttpResponseParser(self)
         self._read_ns = 0
         self._reason = b""
         self._headers: CIMultiDict[str] = CIMultiDict()
-        self._busy = False  # a request is in flight (from ``send`` to ``detach``)
         self._head: asyncio.Future[None] | None = None  # while ``send`` waits for the head
+        self._head_only = False  # the request was HEAD: its answer ends with its head
         self._consumer: BodyConsumer | None = None
         self._early: list[tuple[bytes, int]] = []
         self._early_bytes = 0
-        self._complete = False
         self._ended = False
         self._eof_delimited = False
-        self._lost = False
+        self._interim = False
+        self._interim_to: Interim | None = None
+        self._interims = 0
+        self._violation = ""
+        self._written = False
         self._status = 0
         self._keep_alive = False
         self._error: UpstreamError | None = None
@@ -156,6 +178,24 @@ class UpstreamConnection(asyncio.Protocol):
         self.paused = False
         """Reading is paused because the client is not draining."""
 
+    @property
+    def phase(self) -> int:
+        """Where the connection is in ``TRANSITIONS``."""
+        return self._phase
+
+    @property
+    def open(self) -> bool:
+        """The transport is open and not closing."""
+        transport = self.transport
+        return transport is not None and not transport.is_closing()
+
+    def _move(self, to: int) -> None:
+        if to not in TRANSITIONS[self._phase]:
+            raise RuntimeError(
+                f"upstream connection: no move from {PHASES[self._phase]} to {PHASES[to]}"
+            )
+        self._phase = to
+
     # asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -164,9 +204,10 @@ class UpstreamConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._read_ns = self._clock()  # the stamp: before anything else is done with the bytes
-        if not self._busy:
-            # Bytes on an idle connection answer nothing we asked: it cannot be trusted
-            # with the next request.
+        phase = self._phase
+        if phase not in (HEAD, BODY):
+            # IDLE: an answer to nothing asked. DONE: bytes after the response's end.
+            # Neither can be trusted with the next request, and neither is relayed.
             self.close()
             return
         try:
@@ -174,20 +215,30 @@ class UpstreamConnection(asyncio.Protocol):
             consumer = self._consumer
             if consumer is not None:
                 consumer.read_done()
+        except httptools.HttpParserCallbackError as exc:
+            if self._violation:
+                self._stopped()
+            elif self._head_only and self._phase == DONE:
+                self.close()  # the head of a HEAD answer: parsing stopped on purpose
+            else:  # a consumer failed on a body piece: the proxy's own bug
+                log.error("relaying an upstream body failed", exc_info=exc.__context__)
+                self._fail(PayloadError("the proxy failed relaying the body"))
         except httptools.HttpParserUpgrade:
-            self._fail(NotHttp("upstream asked to switch protocols"))
+            self._fail(NotHttp("upstream switched protocols, which was not asked"))
         except httptools.HttpParserError as exc:
-            head = self._head
-            if head is not None and not head.done():
+            if self._phase == HEAD:
                 self._fail(NotHttp(f"not an HTTP response: {exc}"))
+            elif self._phase == DONE:
+                self.close()  # after the end (e.g. data after ``Connection: close``)
             else:
                 self._fail(PayloadError(f"bad body framing: {exc}"))
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._lost = True
+        phase = self._phase
+        self._phase = CLOSED
         self.transport = None
         head = self._head
-        if head is not None and not head.done():
+        if phase == HEAD and head is not None and not head.done():
             if isinstance(exc, ConnectionResetError) or (
                 isinstance(exc, OSError) and exc.errno == errno.ECONNRESET
             ):
@@ -196,31 +247,66 @@ class UpstreamConnection(asyncio.Protocol):
                 error = DisconnectedBeforeHead("connection closed before a response")
             head.set_exception(error)
             return
-        if self._complete or self._ended:
+        if phase != BODY or self._ended:
             return
         if self._eof_delimited and exc is None:
-            self.on_message_complete()
+            self._keep_alive = False  # the close was the body's end (RFC 9112 section 6.3)
+            self._end(None)
             return
         why = "connection reset" if exc is not None else "connection closed"
         self._end(PayloadError(f"{why} before the end of the body"))
 
     # httptools callbacks
 
+    def on_message_begin(self) -> None:
+        if self._phase == DONE:  # a second message in the read that ended the first
+            self._stop("bytes after the end of the response")
+
     def on_status(self, status: bytes) -> None:
         self._reason += status
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if self._headers is not _NO_HEADERS:  # trailers after ``forget_headers``: not kept
+        if self._phase == HEAD:  # not trailers: they are not relayed (as nginx does)
             self._headers.add(name.decode("latin-1"), value.decode("latin-1"))
 
     def on_headers_complete(self) -> None:
-        self._status = self._parser.get_status_code()
+        status = self._parser.get_status_code()
+        if 100 <= status < 200:
+            if status == 101:
+                self._stop("upstream switched protocols (101), which was not asked")
+            # Interim (RFC 9110 section 15.2): handed to the client, which relays it where
+            # its client can take it; never the answer, never the end of the exchange.
+            self._interims += 1
+            if self._interims > MAX_INTERIM:
+                self._stop(f"upstream sent more than {MAX_INTERIM} interim responses")
+            self._interim = True
+            relay = self._interim_to
+            if relay is not None:
+                relay(status, self._reason.decode("latin-1"), self._headers)
+            self._reason = b""
+            self._headers = CIMultiDict()
+            return
+        self._status = status
+        transport = self.transport
+        # Written whole before the answer came? If not, the upstream answered a request
+        # it had not read to its end: what it does with the rest is unknown, so this
+        # connection carries nothing more.
+        self._written = transport is not None and transport.get_write_buffer_size() == 0
         headers = self._headers
         chunked = "chunked" in headers.get("Transfer-Encoding", "").lower()
         self._eof_delimited = not chunked and "Content-Length" not in headers
+        self._move(BODY)
         head = self._head
         if head is not None and not head.done():
             head.set_result(None)
+        if self._head_only:
+            # The answer to HEAD ends with its head, whatever length it states (RFC 9110
+            # section 9.3.2); llhttp does not know the request, so parsing stops here, and
+            # the connection is not reused (what the parser would make of the rest is moot).
+            self._keep_alive = False
+            self._move(DONE)
+            self._end(None)
+            self._stop("")
 
     def on_body(self, body: bytes) -> None:
         self.received_bytes += len(body)
@@ -234,9 +320,26 @@ class UpstreamConnection(asyncio.Protocol):
             consumer.body(body, self._read_ns)
 
     def on_message_complete(self) -> None:
-        self._complete = True
+        if self._interim:
+            self._interim = False  # the final response follows
+            return
         self._keep_alive = self._parser.should_keep_alive()
+        self._move(DONE)
         self._end(None)
+
+    def _stop(self, why: str) -> None:
+        """Stop parsing, raised through llhttp: a violation of the one-exchange rule, or
+        (``why`` empty) the end of a HEAD answer."""
+        self._violation = why
+        raise _Violation(why or "end of a HEAD answer")
+
+    def _stopped(self) -> None:
+        if self._phase == DONE:
+            _violations.warning("upstream %s; connection closed, nothing after the end "
+                                "relayed", self._violation)  # fmt: skip
+            self.close()
+        else:
+            self._fail(NotHttp(self._violation))
 
     # the client's side
 
@@ -261,35 +364,63 @@ class UpstreamConnection(asyncio.Protocol):
 
     @property
     def reusable(self) -> bool:
-        """The last response was read to its end and the connection may carry another."""
+        """The one state a connection is pooled from: the exchange is complete, nothing was
+        read after its end, the request was written whole before the answer, both sides
+        keep the connection alive, and it is open and reading."""
         return (
-            self._complete
-            and not self._lost
-            and self.transport is not None
-            and not self.transport.is_closing()
+            self._phase == DONE
             and self._keep_alive
+            and self._written
+            and not self.paused
+            and self.open
         )
 
-    async def send(self, head: bytes, body: bytes) -> None:
-        """Write a request and wait for the response head."""
+    def recycle(self) -> bool:
+        """Back to ``IDLE`` for the next request when ``reusable``; else closed. True if kept."""
+        if not self.reusable:
+            self.close()
+            return False
+        self._consumer = None
+        self._early = []
+        self._early_bytes = 0
+        self._move(IDLE)
+        return True
+
+    async def send(
+        self, head: bytes, body: bytes, interim: Interim | None = None, *, head_only: bool = False
+    ) -> None:
+        """Write a request and wait for the final response head (``IDLE`` only); interim
+        responses meanwhile go to ``interim``. ``head_only``: the request is HEAD."""
+        if self._phase != IDLE:
+            if self._phase == CLOSED:
+                raise DisconnectedBeforeHead("connection closed before a response")
+            raise RuntimeError(f"upstream connection busy ({PHASES[self._phase]})")
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            self.close()
+            raise DisconnectedBeforeHead("connection closed before a response")
         loop = asyncio.get_running_loop()
-        self._busy = True
         self._head = loop.create_future()
         self._parser = httptools.HttpResponseParser(self)
         self._reason = b""
         self._headers = CIMultiDict()
         self._consumer = None
         self._early = []
-        self._complete = self._ended = False
+        self._early_bytes = 0
+        self._ended = self._interim = self._written = self._keep_alive = False
+        self._interim_to = interim
+        self._head_only = head_only
+        self._interims = 0
+        self._violation = ""
+        self._error = None
         self.received_bytes = 0
-        transport = self.transport
-        if transport is None or transport.is_closing():
-            raise DisconnectedBeforeHead("connection closed before a response")
+        self._move(HEAD)
         transport.write(head + body if body else head)
         try:
             await self._head
         finally:
             self._head = None  # answered (or given up on): not kept while the body streams
+            self._interim_to = None
 
     def consume(self, consumer: BodyConsumer) -> None:
         """Hand the body to ``consumer``: what already arrived first, with its own stamps."""
@@ -304,13 +435,6 @@ class UpstreamConnection(asyncio.Protocol):
             self.resume_reading()
         if self._ended:
             consumer.end(self._error)
-
-    async def discard_body(self) -> None:
-        """Read the body to its end and drop it (an answer that is not relayed)."""
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[None] = loop.create_future()
-        self.consume(_Discard(done))
-        await done
 
     def pause_reading(self) -> None:
         """Stop reading the upstream socket (the client is not draining)."""
@@ -329,10 +453,10 @@ class UpstreamConnection(asyncio.Protocol):
         self._consumer = None
         self._early = []
         self._early_bytes = 0
-        self._busy = False
 
     def close(self) -> None:
         """Close the connection (which also tells the upstream to stop generating)."""
+        self._phase = CLOSED
         self._consumer = None
         if self.transport is not None:
             self.transport.close()
@@ -355,102 +479,5 @@ class UpstreamConnection(asyncio.Protocol):
         self.close()
 
 
-class _Discard:
-    """A ``BodyConsumer`` that drops the body and says when it ended."""
-
-    __slots__ = ("_done",)
-
-    def __init__(self, done: asyncio.Future[None]) -> None:
-        self._done = done
-
-    def body(self, data: bytes, read_ns: int) -> None:
-        """Dropped."""
-
-    def read_done(self) -> None:
-        """Nothing held."""
-
-    def end(self, error: UpstreamError | None) -> None:
-        """Done, either way: the connection is not reused after an error."""
-        if not self._done.done():
-            self._done.set_result(None)
-
-
-def request_head(
-    method: str, target: str, host: str, headers: CIMultiDict[str], length: int
-) -> bytes:
-    """The request line and headers: ``Host`` and ``Content-Length`` are the hop's own."""
-    lines = [f"{method} {target} HTTP/1.1", f"Host: {host}"]
-    lines.extend(f"{k}: {v}" for k, v in headers.items())
-    if length or method in ("POST", "PUT", "PATCH"):
-        lines.append(f"Content-Length: {length}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-
-
-class UpstreamPool:
-    """Keep-alive connections to one upstream base URL."""
-
-    def __init__(
-        self, base_url: str, *, connect_timeout_s: float, clock: Callable[[], int]
-    ) -> None:
-        parts = urlsplit(base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"upstream must be an http(s) URL, got {base_url!r}")
-        self._https = parts.scheme == "https"
-        self.host = parts.hostname
-        self.port = parts.port or (443 if self._https else 80)
-        default = 443 if self._https else 80
-        name = f"[{self.host}]" if ":" in self.host else self.host
-        self.host_header = name if self.port == default else f"{name}:{self.port}"
-        self.path_prefix = parts.path.rstrip("/")
-        self._connect_timeout_s = connect_timeout_s
-        self._clock = clock
-        self._ssl: ssl.SSLContext | None = ssl.create_default_context() if self._https else None
-        self._idle: deque[UpstreamConnection] = deque()
-        self._closed = False
-
-    async def acquire(self) -> UpstreamConnection:
-        """A pooled connection that is still open, else a new one."""
-        now = time.monotonic()
-        while self._idle:
-            conn = self._idle.pop()
-            if conn.reusable and now - conn.idle_since < IDLE_S:
-                return conn
-            conn.close()
-        return await self.connect()
-
-    async def connect(self) -> UpstreamConnection:
-        """A new connection (``ConnectFailed`` when none can be made in time)."""
-        loop = asyncio.get_running_loop()
-        try:
-            async with asyncio.timeout(self._connect_timeout_s):
-                _, proto = await loop.create_connection(
-                    lambda: UpstreamConnection(self._clock),
-                    self.host,
-                    self.port,
-                    ssl=self._ssl,
-                    server_hostname=self.host if self._ssl else None,
-                )
-        except TimeoutError:
-            raise
-        except OSError as exc:
-            if isinstance(exc, socket.gaierror):
-                raise NameNotResolved(f"cannot resolve {self.host}: {exc}") from exc
-            raise ConnectFailed(f"cannot connect to {self.host}:{self.port}: {exc}") from exc
-        log.debug(
-            "new upstream connection to %s:%d (%d idle)", self.host, self.port, len(self._idle)
-        )
-        return proto
-
-    def release(self, conn: UpstreamConnection) -> None:
-        """Return ``conn`` to the pool when it can carry another request, else close it."""
-        if self._closed or not conn.reusable or len(self._idle) >= MAX_IDLE:
-            conn.close()
-            return
-        conn.idle_since = time.monotonic()
-        self._idle.append(conn)
-
-    def close(self) -> None:
-        """Close every idle connection; later releases close theirs."""
-        self._closed = True
-        while self._idle:
-            self._idle.pop().close()
+class _Violation(Exception):
+    """Raised inside an ``httptools`` callback to stop parsing at a violation."""

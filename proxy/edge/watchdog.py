@@ -1,8 +1,7 @@
-"""A backstop for the upstream read timeout: a body that stops arriving is cut.
+"""The upstream read timeout: a body that stops arriving is cut.
 
-aiohttp's client enforces ``sock_read`` itself, but after some protocol errors
-(bad chunked framing mid-body) it drops that timer and the body just never
-ends; the proxy's own upstream client has no read timer at all. So every body
+The proxy's own upstream client (``proxy.edge.upstream``) has no read timer of
+its own: a timer per read would cost every token. So every body
 being relayed is looked at once per ``--read-timeout`` by one timer shared by
 all of them (``Watchdogs``), and the hot path pays nothing per read. A look
 that finds bytes arrived since the last one, or nobody waiting for them (a
@@ -25,21 +24,7 @@ import logging
 from types import TracebackType
 from typing import Protocol
 
-import aiohttp
-
 log = logging.getLogger("tokenstamp.proxy")
-
-_UNKNOWN = object()
-
-
-def waiting_for_data(body: aiohttp.StreamReader) -> bool:
-    """Someone is blocked reading ``body`` for bytes that have not arrived.
-
-    aiohttp keeps the pending read's future in ``_waiter`` (not public API; a
-    test pins it). Were it ever gone, every body counts as waited on: the
-    watchdog then cuts a long silence whatever its cause, never misses one.
-    """
-    return getattr(body, "_waiter", _UNKNOWN) is not None
 
 
 class Progress(Protocol):
@@ -52,25 +37,6 @@ class Progress(Protocol):
     @property
     def waiting_for_data(self) -> bool:
         """The relay is blocked on the upstream right now (not on the client, not done)."""
-
-
-class ReaderProgress:
-    """``Progress`` of a body read from aiohttp's client (``aiohttp.StreamReader``)."""
-
-    __slots__ = ("_body",)
-
-    def __init__(self, body: aiohttp.StreamReader) -> None:
-        self._body = body
-
-    @property
-    def received_bytes(self) -> int:
-        """Bytes the reader has taken in."""
-        return self._body.total_bytes
-
-    @property
-    def waiting_for_data(self) -> bool:
-        """A read is pending."""
-        return waiting_for_data(self._body)
 
 
 class Watchdogs:

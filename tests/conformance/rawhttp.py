@@ -11,6 +11,7 @@ any of the implementations under test, so it judges them all the same way.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass, field
 
 
@@ -97,10 +98,8 @@ async def send_raw(
         closed = True
     finally:
         writer.close()
-        try:
+        with contextlib.suppress(ConnectionError):
             await writer.wait_closed()
-        except ConnectionError:
-            pass
     got = parse_responses(bytes(out))
     got.closed, got.timed_out = closed, timed_out
     return got
@@ -177,3 +176,82 @@ def _dechunk(data: bytes, pos: int) -> tuple[bytes, int, bool]:
             return bytes(body), len(data), False
         body += data[pos : pos + size]
         pos += size + 2
+
+
+async def exchange(
+    port: int,
+    data: bytes,
+    *,
+    settle_s: float = 0.25,
+    idle_s: float = 1.0,
+    total_s: float = 5.0,
+    first_byte: asyncio.Event | None = None,
+    answered: asyncio.Event | None = None,
+) -> Received:
+    """Send ``data`` (written while the answer is read, so an answer that comes before
+    the request is fully sent is still seen) and read as a client waiting for its
+    answer: until a final response is complete by its framing, then on until
+    ``settle_s`` of silence (anything more that comes is kept: a second response,
+    stray bytes); or until the peer closes, ``idle_s`` of silence, or ``total_s``.
+
+    ``first_byte`` is set when the first bytes arrive, ``answered`` when the final
+    response is complete (both, at the latest, when this returns)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    loop = asyncio.get_running_loop()
+
+    async def send() -> None:
+        try:
+            writer.write(data)
+            await writer.drain()
+        except ConnectionError:
+            pass
+
+    sending = loop.create_task(send())
+    out = bytearray()
+    closed = timed_out = done = False
+    deadline = loop.time() + total_s
+    try:
+        while True:
+            left = min(settle_s if done else idle_s, deadline - loop.time())
+            if left <= 0:
+                timed_out = not done
+                break
+            try:
+                chunk = await asyncio.wait_for(reader.read(65536), left)
+            except TimeoutError:
+                timed_out = not done
+                break
+            if not chunk:
+                closed = True
+                break
+            out += chunk
+            if first_byte is not None:
+                first_byte.set()
+            if not done:
+                done = _answered(bytes(out))
+                if done and answered is not None:
+                    answered.set()
+    except ConnectionError:
+        closed = True
+    finally:
+        for event in (first_byte, answered):
+            if event is not None:
+                event.set()
+        if sending.done():
+            writer.close()
+        else:
+            sending.cancel()
+            writer.transport.abort()  # the request could not all be sent: do not wait for it
+        await asyncio.gather(sending, writer.wait_closed(), return_exceptions=True)
+    got = parse_responses(bytes(out))
+    got.closed, got.timed_out = closed, timed_out
+    return got
+
+
+def _answered(data: bytes) -> bool:
+    """``data`` holds a final response whose framing says it is complete."""
+    for r in parse_responses(data).final:
+        te = b",".join(r.header("transfer-encoding")).lower()
+        framed = r.status in (204, 304) or b"chunked" in te or bool(r.header("content-length"))
+        return framed and r.complete
+    return False

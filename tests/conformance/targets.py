@@ -36,7 +36,7 @@ from bench.passthrough import create_app as passthrough_app
 from exporters.prometheus import PrometheusSink
 from proxy.config import HostPort, ProxyConfig
 from proxy.edge.app import create_app
-from proxy.edge.server import RunningProxy, start_proxy
+from proxy.edge.server import RunningProxy, proxy_app_runner, start_proxy
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -105,8 +105,10 @@ def proxy_config(upstream: str, **overrides: object) -> ProxyConfig:
     return ProxyConfig(**values)  # type: ignore[arg-type]
 
 
-async def _serve_app(app: web.Application, targets: Targets, **runner_kw: object) -> int:
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5, **runner_kw)  # type: ignore[arg-type]
+async def _serve_app(
+    app: web.Application, targets: Targets, runner: web.AppRunner | None = None
+) -> int:
+    runner = runner or web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
     await runner.setup()
     targets._runners.append(runner)
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -136,7 +138,8 @@ def nginx_available() -> bool:
 
 
 async def start_targets(
-    upstream: str, names: tuple[str, ...] = ("tokenstamp", "aiohttp", "passthrough", "nginx"),
+    upstream: str,
+    names: tuple[str, ...] = ("tokenstamp", "aiohttp", "passthrough", "nginx"),
     **overrides: object,
 ) -> Targets:
     """Start the named targets in front of ``upstream`` (nginx only where installed).
@@ -147,18 +150,23 @@ async def start_targets(
     try:
         for name in names:
             if name == "tokenstamp":
-                p = await start_proxy(proxy_config(upstream, **overrides), registry=CollectorRegistry())
+                p = await start_proxy(
+                    proxy_config(upstream, **overrides), registry=CollectorRegistry()
+                )
                 targets._proxies.append(p)
                 targets.by_name[name] = Target(name, int(p.url.rsplit(":", 1)[1]), proxy=p)
             elif name == "aiohttp":
                 cfg = proxy_config(upstream, **overrides)
                 app = create_app(cfg, sink=PrometheusSink(CollectorRegistry()))
-                port = await _serve_app(
-                    app, targets, handler_cancellation=True, keepalive_timeout=cfg.header_timeout_s
-                )
+                # aiohttp's server exactly as tokenstamp runs it, only without the front.
+                port = await _serve_app(app, targets, proxy_app_runner(app, cfg))
                 targets.by_name[name] = Target(name, port)
             elif name == "passthrough":
-                port = await _serve_app(passthrough_app(upstream), targets, handler_cancellation=True)
+                app = passthrough_app(upstream)
+                runner = web.AppRunner(
+                    app, access_log=None, shutdown_timeout=0.5, handler_cancellation=True
+                )
+                port = await _serve_app(app, targets, runner)
                 targets.by_name[name] = Target(name, port)
             elif name == "nginx":
                 if not nginx_available():
@@ -183,9 +191,13 @@ async def start_targets(
 
 
 @contextlib.asynccontextmanager
-async def running_targets(upstream: str, *names: str, **overrides: object) -> AsyncIterator[Targets]:
+async def running_targets(
+    upstream: str, *names: str, **overrides: object
+) -> AsyncIterator[Targets]:
     """``start_targets`` as an ``async with`` block."""
-    targets = await start_targets(upstream, names or ("tokenstamp", "aiohttp", "passthrough", "nginx"), **overrides)
+    targets = await start_targets(
+        upstream, names or ("tokenstamp", "aiohttp", "passthrough", "nginx"), **overrides
+    )
     try:
         yield targets
     finally:

@@ -66,7 +66,7 @@ def prometheus_name(metric: Any) -> str:
     base = metric.name.replace(".", "_")
     unit = metric.unit
     if unit and not unit.startswith("{"):
-        base += "_" + {"s": "seconds"}[unit]
+        base += "_" + {"s": "seconds", "By": "bytes"}[unit]
     kind = metric.WhichOneof("data")
     if kind == "sum" and metric.sum.is_monotonic:
         base += "_total"

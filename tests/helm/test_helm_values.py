@@ -20,6 +20,7 @@ CONFIG_FLAGS = {
     "backendName": "backend-name",
     "provider": "provider",
     "maxBodyBytes": "max-body-bytes",
+    "bodyBudget": "body-budget",
     "maxEventBytes": "max-event-bytes",
     "connectTimeout": "connect-timeout",
     "readTimeout": "read-timeout",
@@ -45,6 +46,7 @@ CONFIG_FLAGS = {
     "timeline": "timeline",
     "timelineWindow": "timeline-window",
     "advisor": "advisor",
+    "trustForwarded": "trust-forwarded",
 }
 UPSTREAM = {"upstream": "http://vllm.inference.svc:8000"}
 KEY_LINE = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z0-9_.\-/]+):(?: |$)")
@@ -134,6 +136,7 @@ def test_every_proxy_flag_is_reachable_from_values():
         "no-capture-content",
         "no-timeline",
         "no-advisor",
+        "no-trust-forwarded",
         "help",
     }
     assert flags == from_values, (

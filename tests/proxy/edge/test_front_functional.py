@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 
 import pytest
@@ -284,3 +285,205 @@ async def test_a_body_that_is_not_json_is_forwarded_unobserved_by_the_front(
         writer.close()
     assert [r["body"] for r in upstream.requests] == [b"not json", b""]
     assert (p.front.served, p.front.handed_off) == (2, 0)
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status"),
+    [
+        pytest.param(
+            b"GET /ws HTTP/1.1\r\nHost: p\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+            b"200",
+            id="websocket-upgrade",
+        ),
+        pytest.param(
+            _post(
+                extra="Upgrade: h2c\r\nConnection: Upgrade, HTTP2-Settings\r\n"
+                "HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n"
+            ),
+            b"200",
+            id="h2c-upgrade",
+        ),
+        pytest.param(
+            b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n",
+            b"405",
+            id="connect",
+        ),
+        pytest.param(_post().replace(b"Host: p\r\n", b""), b"400", id="no-host"),
+        pytest.param(_post(extra="Host: q\r\n"), b"400", id="two-hosts"),
+        pytest.param(_post().replace(b"Host: p", b"Host: a b"), b"400", id="host-not-a-host"),
+        pytest.param(_post(extra="Content-Type: text/plain\r\n"), b"400", id="two-content-types"),
+        pytest.param(
+            _post(extra="Sec-WebSocket-Key1: 4 @1  46546xW%0l 1 5\r\n"),
+            b"400",
+            id="websocket-draft-76",
+        ),
+        pytest.param(
+            b"POST " + CHAT.encode() + b" HTTP/1.1\r\nHost: p\r\nTransfer-Encoding: gzip, "
+            b"chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(BODY), BODY),
+            b"501",
+            id="gzip-transfer-coding",
+        ),
+    ],
+)
+async def test_upgrade_connect_and_host_are_answered_never_dropped(
+    proxy, upstream, caplog, request_bytes, status
+):
+    """Handed to aiohttp at their first byte: an Upgrade is forwarded as a plain request
+    (the upstream never sees ``Upgrade``, as through nginx), CONNECT is refused (405), a
+    missing, repeated or malformed Host is a 400 (RFC 9112 section 3.2), as is any field
+    aiohttp refuses, a transfer coding the proxy cannot decode 501; no traceback."""
+    reader, writer = await _connect(proxy)
+    try:
+        writer.write(request_bytes)
+        got, headers, _ = await _response(reader)
+    finally:
+        writer.close()
+    assert got.split(b" ")[1] == status
+    if status == b"200":
+        assert "upgrade" not in {k.lower() for k in upstream.requests[0]["headers"]}
+    else:
+        assert upstream.requests == []
+    if status == b"405":
+        assert "CONNECT" not in headers["allow"]
+        assert "POST" in headers["allow"]
+    assert (proxy.front.served, proxy.front.handed_off) == (0, 1)
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+
+
+async def test_a_flood_of_bad_requests_is_at_most_one_warning_line(proxy, caplog):
+    """aiohttp logs each unparsable request with a traceback at ERROR: the proxy's filter
+    (one per process, on aiohttp's logger) makes it a WARNING line, then mutes the kind."""
+    caplog.set_level(logging.DEBUG)
+    (limit,) = [f.limit for f in logging.getLogger("aiohttp.server").filters
+                if hasattr(f, "limit")]  # fmt: skip
+    before = limit.count
+    for _ in range(20):
+        reader, writer = await _connect(proxy)
+        writer.write(b"GET /x HTTP/1.1\r\nHost: p\r\nBad\x01Name: v\r\n\r\n")
+        assert (await reader.read(65536)).startswith(b"HTTP/1.0 400")
+        writer.close()
+    assert limit.count - before == 20
+    lines = [r for r in caplog.records if r.name == "aiohttp.server"]
+    assert len(lines) <= 1  # none when a line of this kind was written moments ago
+    for r in lines:
+        assert r.levelno == logging.WARNING
+        assert r.exc_info is None
+        assert "bad request from 127.0.0.1: BadHttpMessage" in r.getMessage()
+
+
+async def test_interim_responses_reach_an_http11_client_before_the_answer(
+    proxy_factory,
+):
+    """RFC 9110 section 15.2: a proxy forwards the 1xx it did not ask for. The front's
+    clients speak HTTP/1.1, so they get each interim head, then the one final response."""
+    hints = b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\nConnection: x\r\n\r\n"
+    final = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n%b"
+    body = b"".join(EVENTS)
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        await reader.readexactly(length)
+        writer.write(hints)
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(final % (len(body), body))
+        await writer.drain()
+        await reader.read()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        p = await proxy_factory(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
+        reader, writer = await _connect(p)
+        writer.write(_post())
+        interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        status, headers, got = await _response(reader)
+        writer.close()
+    finally:
+        server.close()
+    assert interim == b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n"
+    assert status == b"HTTP/1.1 200 OK"
+    assert got == body
+    assert "link" not in headers
+
+
+@pytest.mark.parametrize("trust", [True, False])
+async def test_forwarding_headers_are_passed_or_replaced_as_configured(
+    upstream, proxy_factory, trust
+):
+    upstream.script = Script([(0.0, e) for e in EVENTS])
+    p = await proxy_factory(upstream.url, trust_forwarded=trust)
+    claimed = ("X-Forwarded-For: 203.0.113.9\r\nX-Forwarded-Proto: https\r\n"
+               "X-Forwarded-Host: api.example\r\nForwarded: for=203.0.113.9\r\n"
+               "X-Real-IP: 203.0.113.9\r\n")  # fmt: skip
+    for request in (_post(extra=claimed), _post(path="/v1/embeddings", extra=claimed)):
+        reader, writer = await _connect(p)
+        writer.write(request)
+        await _response(reader)
+        writer.close()
+    for seen in upstream.requests:  # the front's path, then aiohttp's: the same rule
+        h = {k.lower(): v for k, v in seen["headers"].items()}
+        if trust:
+            assert h["x-forwarded-for"] == "203.0.113.9, 127.0.0.1"
+            assert h["x-forwarded-proto"] == "https"
+            assert (h["x-forwarded-host"], h["forwarded"], h["x-real-ip"]) == (
+                "api.example", "for=203.0.113.9", "203.0.113.9")  # fmt: skip
+        else:
+            assert (h["x-forwarded-for"], h["x-forwarded-proto"]) == ("127.0.0.1", "http")
+            assert not {"x-forwarded-host", "forwarded", "x-real-ip"} & h.keys()
+
+
+async def test_head_is_answered_with_the_upstreams_head_and_no_body(proxy, upstream):
+    reader, writer = await _connect(proxy)
+    try:
+        writer.write(b"HEAD /v1/models HTTP/1.1\r\nHost: p\r\n\r\n" + _post())
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        status, _, body = await _response(reader)  # the next answer follows at once
+    finally:
+        writer.close()
+    assert head.startswith(b"HTTP/1.1 200 OK")
+    assert status == b"HTTP/1.1 200 OK"
+    assert body == b"".join(EVENTS)
+    assert [r["method"] for r in upstream.requests] == ["HEAD", "POST"]
+
+
+async def test_a_compressed_request_body_goes_upstream_as_the_client_sent_it(proxy_factory):
+    """Whichever door reads it: the front (Content-Length) or aiohttp's server (chunked),
+    which would otherwise decompress it and forward other bytes under the same
+    Content-Encoding. The upstream is raw: it keeps the bytes as they came."""
+    import gzip
+
+    packed = gzip.compress(BODY)
+    bodies: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except (asyncio.IncompleteReadError, ConnectionError):
+                break
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            bodies.append(await reader.readexactly(length))
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        p = await proxy_factory(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
+        requests = [
+            _post(body=packed, extra="Content-Encoding: gzip\r\n"),
+            b"POST " + CHAT.encode() + b" HTTP/1.1\r\nHost: p\r\nContent-Encoding: gzip\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(packed), packed),
+        ]
+        for request in requests:
+            reader, writer = await _connect(p)
+            writer.write(request)
+            assert (await _response(reader))[2] == b"ok"
+            writer.close()
+    finally:
+        server.close()
+    assert bodies == [packed, packed]
+    assert (p.front.served, p.front.handed_off) == (1, 1)

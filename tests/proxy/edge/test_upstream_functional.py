@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import aiohttp
 import pytest
 
-from proxy.edge.upstream import UpstreamPool, request_head
+from proxy.edge.pool import UpstreamPool, request_head
 
 ROLE = b'data: {"id":"c1","model":"m","choices":[{"delta":{"role":"assistant"}}]}\n\n'
 TOKEN = b'data: {"id":"c1","model":"m","choices":[{"delta":{"content":"hi"}}]}\n\n'

@@ -1,0 +1,52 @@
+"""What can go wrong with an upstream exchange: one exception class per ``error.type`` value.
+
+The names are the ones aiohttp's client raises for the same failures, so a
+dashboard reads the same ``error.type`` whichever client carried the request
+(tokenstamp's own for observed routes, aiohttp's for the rest).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class UpstreamError(Exception):
+    """The upstream failed; ``kind`` is the bounded ``error.type`` value."""
+
+    kind: ClassVar[str] = "UpstreamError"
+
+
+class ConnectFailed(UpstreamError):
+    """No connection could be opened."""
+
+    kind: ClassVar[str] = "ClientConnectorError"
+
+
+class NameNotResolved(ConnectFailed):
+    """The upstream's host name did not resolve."""
+
+    kind: ClassVar[str] = "ClientConnectorDNSError"
+
+
+class DisconnectedBeforeHead(UpstreamError):
+    """The upstream closed the connection without answering."""
+
+    kind: ClassVar[str] = "ServerDisconnectedError"
+
+
+class ResetBeforeHead(UpstreamError):
+    """The upstream reset the connection without answering."""
+
+    kind: ClassVar[str] = "ClientOSError"
+
+
+class NotHttp(UpstreamError):
+    """What the upstream answered is not an HTTP response."""
+
+    kind: ClassVar[str] = "ClientResponseError"
+
+
+class PayloadError(UpstreamError):
+    """The body broke off: reset, closed before its end, or bad framing."""
+
+    kind: ClassVar[str] = "ClientPayloadError"
