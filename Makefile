@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo demo-techniques test test-vllm test-compiled build-compiled check-compiled install-vllm install install-test deps-system lint fmt bench clean dashboards chart-sync
+.PHONY: demo demo-techniques test test-vllm test-compiled build-compiled check-compiled install-vllm install install-test deps-system lint fmt bench clean dashboards chart-sync docs
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -93,6 +93,10 @@ dashboards: install-test
 
 chart-sync: install-test
 	$(BIN)/python scripts/sync_chart.py
+
+## Regenerate the tables of docs/ made from the code (metrics, configuration).
+docs: install-test
+	$(BIN)/python scripts/gen_docs.py
 
 fmt:
 	$(BIN)/ruff format .
