@@ -6,7 +6,7 @@ the variable (the default, and what every editable install gets) tokenstamp is
 pure Python. With it, the modules every token passes through are compiled from
 the same source by mypyc (the type checker the project already passes), which
 runs them as C: the same code, the same tests, about a sixth less CPU per
-token (README, Benchmark). Build it without build isolation, from an
+token (docs/benchmark.md). Build it without build isolation, from an
 environment that has the dependencies and mypy installed, so mypyc sees the
 same types as ``make lint``:
 
@@ -36,7 +36,7 @@ HOT_MODULES = [
     "proxy/edge/tracing.py",  # per request, but its timer subclasses the compiled one
     "exporters/fast_histogram.py",
 ]
-"""What one token runs through, read by read (the profile in README's Benchmark)."""
+"""What one token runs through, read by read (the profile in docs/benchmark.md)."""
 
 
 def _ext_modules() -> list[object]:

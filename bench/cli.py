@@ -31,6 +31,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     known = "; ".join(f"{t.name}: {t.description}" for t in BUILTIN_TARGETS)
     p = subparsers.add_parser(
         "bench",
+        epilog="Reference: docs/benchmark.md (how to run and read it) in the tokenstamp "
+        "source tree.",
         help="benchmark: direct vs bare pass-through vs tokenstamp (transit, CPU per token)",
         description="Start a stamping backend and each target as separate processes on free "
         "loopback ports, run the same streaming load against each in rotating rounds, and "

@@ -1,4 +1,4 @@
-"""The benchmark's results as a Markdown table (terminal, README) and as JSON.
+"""The benchmark's results as a Markdown table (terminal, docs/benchmark.md) and as JSON.
 
 Columns (steady): target; tokens received in all measured windows; per-token
 transit p50 / p99 (receive minus the backend's send stamp, ms); the same minus

@@ -358,6 +358,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     """Add the ``demo`` subcommand."""
     p = subparsers.add_parser(
         "demo",
+        epilog="Reference: docs/demo.md in the tokenstamp source tree.",
         help="run the seed's prefill-vs-decode scenarios on the built-in simulator",
         description="Start the simulator and the proxy on free local ports, run the seed's "
         "scenarios through the proxy and print what it measured next to the seed's figures.",

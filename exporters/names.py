@@ -1,6 +1,6 @@
 """The one place for metric names, units, buckets and attribute keys.
 
-Every exporter, dashboard and rule takes its names from here (see METRICS.md).
+Every exporter, dashboard and rule takes its names from here (see docs/metrics.md).
 The Prometheus name of an instrument is what the standard OpenTelemetry to
 Prometheus translation gives: dots become underscores, unit ``s`` appends
 ``_seconds``, counters append ``_total``. Checked at import: buckets sorted
@@ -66,7 +66,7 @@ STALLED_STREAMS_BUCKETS = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256
 
 @dataclass(frozen=True, slots=True)
 class Instrument:
-    """One metric instrument of METRICS.md."""
+    """One metric instrument of docs/metrics.md."""
 
     name: str
     """OpenTelemetry instrument name (dotted)."""
@@ -283,7 +283,7 @@ BODY_REFUSED = Instrument(
 PREFILL_RATE = Instrument(
     "tokenstamp.backend.prefill_rate",
     Kind.GAUGE,
-    "{token/s}",  # an annotation: the Prometheus name gets no unit suffix (METRICS.md)
+    "{token/s}",  # an annotation: the Prometheus name gets no unit suffix (docs/metrics.md)
     "The advisor's fitted prefill throughput of the backend, uncached prompt tokens per second.",
     BACKEND_ATTRS,
 )

@@ -1,4 +1,4 @@
-"""OpenTelemetry metrics exporter: the METRICS.md instruments on an injected ``MeterProvider``.
+"""OpenTelemetry metrics exporter: the docs/metrics.md instruments on an injected ``MeterProvider``.
 
 The same instruments as ``exporters.prometheus``, with the same names, units,
 bucket boundaries (explicit-bucket advice from ``exporters.names``) and
@@ -34,7 +34,7 @@ request_label_values = PrometheusSink.request_label_values
 
 
 def histogram(meter: Meter, inst: names.Instrument) -> Histogram:
-    """The OpenTelemetry histogram of a METRICS.md instrument, with its bucket boundaries."""
+    """The OpenTelemetry histogram of a docs/metrics.md instrument, with its bucket boundaries."""
     assert inst.kind is names.Kind.HISTOGRAM, inst.name
     return meter.create_histogram(
         inst.name,
@@ -45,13 +45,13 @@ def histogram(meter: Meter, inst: names.Instrument) -> Histogram:
 
 
 def counter(meter: Meter, inst: names.Instrument) -> Counter:
-    """The OpenTelemetry counter of a METRICS.md instrument."""
+    """The OpenTelemetry counter of a docs/metrics.md instrument."""
     assert inst.kind is names.Kind.COUNTER, inst.name
     return meter.create_counter(inst.name, unit=inst.unit, description=inst.description)
 
 
 def updown(meter: Meter, inst: names.Instrument) -> UpDownCounter:
-    """The OpenTelemetry up-down counter of a METRICS.md instrument."""
+    """The OpenTelemetry up-down counter of a docs/metrics.md instrument."""
     assert inst.kind is names.Kind.UPDOWN, inst.name
     return meter.create_up_down_counter(inst.name, unit=inst.unit, description=inst.description)
 
@@ -62,7 +62,7 @@ def attributes(inst: names.Instrument, *values: str) -> Attributes:
 
 
 class OtelMetricsSink:
-    """A ``proxy.core.records.Sink`` recording the METRICS.md instruments through OpenTelemetry."""
+    """A ``proxy.core.records.Sink`` recording docs/metrics.md's instruments over OpenTelemetry."""
 
     def __init__(
         self,

@@ -1,4 +1,4 @@
-"""Prometheus exporter: turns timer records into the METRICS.md instruments.
+"""Prometheus exporter: turns timer records into the docs/metrics.md instruments.
 
 Writes into an injected ``CollectorRegistry`` (never the global one). Label
 children are resolved once per distinct label set and cached, so a gap costs
@@ -41,19 +41,19 @@ def _doc(inst: names.Instrument) -> str:
 
 
 def histogram(inst: names.Instrument, registry: CollectorRegistry) -> FastHistogram:
-    """The Prometheus histogram of a METRICS.md instrument (the lock-free one)."""
+    """The Prometheus histogram of a docs/metrics.md instrument (the lock-free one)."""
     assert inst.kind is names.Kind.HISTOGRAM, inst.name
     return FastHistogram(inst.prom_name, _doc(inst), inst.prom_labels, inst.buckets, registry)
 
 
 def counter(inst: names.Instrument, registry: CollectorRegistry) -> Counter:
-    """The Prometheus counter of a METRICS.md instrument."""
+    """The Prometheus counter of a docs/metrics.md instrument."""
     assert inst.kind is names.Kind.COUNTER, inst.name
     return Counter(inst.prom_name, _doc(inst), inst.prom_labels, registry=registry)
 
 
 def gauge(inst: names.Instrument, registry: CollectorRegistry) -> Gauge:
-    """The Prometheus gauge of a METRICS.md up-down counter."""
+    """The Prometheus gauge of a docs/metrics.md up-down counter."""
     assert inst.kind is names.Kind.UPDOWN, inst.name
     return Gauge(inst.prom_name, _doc(inst), inst.prom_labels, registry=registry)
 

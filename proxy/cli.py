@@ -46,7 +46,7 @@ def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
     """The event loop ``--loop`` asks for: uvloop's, or ``None`` for asyncio's default.
 
     ``auto`` takes uvloop where it is installed: libuv's loop runs the same
-    callbacks with less CPU per read and write (see README's benchmark)."""
+    callbacks with less CPU per read and write (docs/benchmark.md)."""
     if choice == "asyncio":
         return None
     try:
@@ -65,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Streaming reverse proxy that stamps every LLM token: time to first token "
         "(prefill), time per output token and every inter-token gap (decode), and "
         "prefill-induced stutter, as Prometheus metrics.",
+        epilog="Start with README.md; the reference is docs/ in the tokenstamp source tree "
+        "(docs/configuration.md: every flag, variable and chart value).",
     )
     parser.add_argument(
         "--version",
@@ -78,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Proxy every request to --upstream unchanged; time completion streams; "
         "serve /metrics, /healthz and /readyz on --admin. Every flag can also be set as "
         "the environment variable shown; a flag wins over the environment.",
+        epilog="Reference: docs/configuration.md (every flag, variable and chart value) and "
+        "docs/proxying.md (what the proxy changes, and never does) in the tokenstamp source tree.",
     )
     add_serve_arguments(serve)
     serve.set_defaults(func=_run_serve)

@@ -48,6 +48,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     """Add the ``simulate`` subcommand (sets ``func=run``)."""
     parser = subparsers.add_parser(
         "simulate",
+        epilog="Reference: docs/demo.md (the simulator) and docs/configuration.md in the "
+        "tokenstamp source tree.",
         help="run a simulated OpenAI-compatible inference engine (continuous batching)",
         description="Serve a step-based inference engine model with vLLM-like SSE streaming.",
     )

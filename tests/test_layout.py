@@ -2,7 +2,7 @@
 
 Read statically from the source (every ``import``, also those made only for
 type checking or inside a function), so an import that runs only on one path
-still counts. README's "Where things are" describes the same arrows.
+still counts. docs/architecture.md describes the same arrows.
 """
 
 from __future__ import annotations

@@ -61,6 +61,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     """Add the ``advise`` subcommand (sets ``func=run``)."""
     parser = subparsers.add_parser(
         "advise",
+        epilog="Reference: docs/advisor.md in the tokenstamp source tree.",
         help="what each prefill chunk size would do on a running proxy's backend",
         description="Print the chunk-size advisor's table (worst gap, token rate during a "
         "prefill, new request's first token per chunk size; the recommendation, capacity and "

@@ -83,7 +83,7 @@ def prefill_load(snapshot: ObservationSnapshot) -> float:
 
 
 def advise(fitted: Fit, snapshot: ObservationSnapshot, options: AdviceOptions) -> dict[str, Any]:
-    """The JSON-ready advice of one backend (see README, "The chunk-size advisor")."""
+    """The JSON-ready advice of one backend (docs/advisor.md)."""
     record = fitted.fit_record
     missing = list(fitted.missing)
     prompt = options.prompt_tokens

@@ -2,7 +2,7 @@
 
 Why: memory per open stream. aiohttp's server gives every request a parsed
 message, a payload stream, two tasks and a keep-alive timer, about 9 KiB that
-a stream holds for as long as it runs (README, Benchmark). A
+a stream holds for as long as it runs (docs/benchmark.md). A
 ``FrontConnection`` is one object per client connection: it reads each
 request head itself and serves the request (``proxy.edge.app.exchange``)
 when it is an observed route in the plainest HTTP/1.1 form

@@ -1,4 +1,4 @@
-"""The upstream client of observed requests: HTTP/1.1 exchanges on an asyncio protocol.
+"""The proxy's upstream client: HTTP/1.1 exchanges on an asyncio protocol, bodies by callback.
 
 Why not aiohttp's client here: its body arrives through a ``StreamReader``,
 so every read costs a future, a task wake-up, an ``await readany()`` and a
@@ -27,11 +27,10 @@ mean for the exchange (RFC 9112, RFC 9110 section 15.2):
   ``reusable``: nothing unread, the request written whole before the answer
   came, keep-alive on both sides. Every other way out closes it.
 
-Only observed requests (POST to a completion route, body already read) come
-here; everything else keeps aiohttp's client. Connections are kept alive in a
-small pool (``proxy.edge.pool``). Failures raise ``UpstreamError`` subclasses
-whose ``kind`` is the ``error.type`` label, the same names the aiohttp path
-reports.
+Every forwarded request comes here, observed or not (``proxy.edge.forward``),
+its body already read. Connections are kept alive in a small pool
+(``proxy.edge.pool``). Failures raise ``UpstreamError`` subclasses whose
+``kind`` is the ``error.type`` label (``proxy.edge.upstream_errors``).
 """
 
 from __future__ import annotations

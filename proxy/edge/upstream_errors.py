@@ -1,8 +1,8 @@
 """What can go wrong with an upstream exchange: one exception class per ``error.type`` value.
 
-The names are the ones aiohttp's client raises for the same failures, so a
-dashboard reads the same ``error.type`` whichever client carried the request
-(tokenstamp's own for observed routes, aiohttp's for the rest).
+The names are the ones aiohttp's client raises for the same failures (which
+carried the proxy's requests before its own client did), so dashboards and
+alerts written on those ``error.type`` values keep working.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The suite's figures: what was thrown at the proxy and what it survived.
 
 Tests add to one ``Figures`` object per session; the conftest prints it as a
-table at the end of the run (and the README's "Reliability" section quotes it).
+table at the end of the run (and docs/reliability.md quotes it).
 Only passing tests report survivals, so a failure shows as a gap in the table.
 """
 
