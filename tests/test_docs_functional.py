@@ -255,3 +255,16 @@ def test_the_quick_start_runs_as_written_against_the_simulator():
     count = re.findall(r"^gen_ai_server_time_to_first_token_seconds_count\{.*\} (\S+)$",
                        metrics, re.MULTILINE)  # fmt: skip
     assert [float(c) for c in count] == [1.0]
+
+
+@pytest.mark.timeout(300)
+def test_make_demo_runs_as_written():
+    """The first of README's two commands, as a newcomer types it (the second, ``make
+    test``, is what CI runs: ``.ci/run``)."""
+    done = subprocess.run(["make", "demo"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=280)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = done.stdout
+    assert "Forty streams decoding, one 4,000-token prompt arrives" in out
+    assert "Detected by the proxy" in out
+    assert "The advisor, fitted by the proxy" in out
