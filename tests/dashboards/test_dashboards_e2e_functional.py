@@ -30,7 +30,6 @@ import pytest
 
 from dashboards import build, rules
 from dashboards.promql import NO_TENANT
-from exporters import names
 from tests.promserver import PrometheusServer, free_port
 
 
