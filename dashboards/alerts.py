@@ -8,15 +8,17 @@ alerts as in the Google SRE workbook's "Alerting on SLOs".
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from dashboards import promql, rules
-from dashboards.config import Config, Severity
+from dashboards.config import BurnWindow, Config, Severity, duration_s
 
 Alert = dict[str, Any]
 
 TTFT_BURN = "TokenstampTTFTBudgetBurn"
 TPOT_BURN = "TokenstampTPOTBudgetBurn"
+TENANT_GOODPUT_BURN = "TokenstampTenantGoodputBudgetBurn"
 PREFILL_STUTTER = "TokenstampPrefillStutter"
 UNATTRIBUTED_STALLS = "TokenstampUnattributedStalls"
 UPSTREAM_ERRORS = "TokenstampUpstreamErrors"
@@ -27,6 +29,7 @@ DECODER_ERRORS = "TokenstampDecoderErrors"
 ALERT_NAMES: tuple[str, ...] = (
     TTFT_BURN,
     TPOT_BURN,
+    TENANT_GOODPUT_BURN,
     PREFILL_STUTTER,
     UNATTRIBUTED_STALLS,
     UPSTREAM_ERRORS,
@@ -66,6 +69,35 @@ def _alert(
     }
 
 
+def _burn_conditions(
+    config: Config,
+    severity: Severity,
+    template: str,
+    objective: float,
+    also: Callable[[BurnWindow], str] | None = None,
+) -> tuple[str, str] | None:
+    """The multi-window expression of one severity and its wording; ``None`` without windows.
+
+    Each condition: the error ratio over the long and the short window both
+    above ``factor`` times the budget, and ``also(window)`` when given.
+    """
+    budget = promql.num(1 - objective)
+    windows = [w for w in config.burn_windows if w.severity is severity]
+    if not windows:
+        return None
+    clauses = []
+    for w in windows:
+        long = rules.record_name(template, w.long)
+        short = rules.record_name(template, w.short)
+        threshold = f"({promql.num(w.factor)} * {budget})"
+        extra = f"\nand\n  {also(w)}" if also else ""
+        clauses.append(f"(\n  {long} > {threshold}\nand\n  {short} > {threshold}{extra}\n)")
+    conditions = ", or ".join(
+        f"{promql.num(w.factor)}x over {w.long} and {w.short}" for w in windows
+    )
+    return "\nor\n".join(clauses), conditions
+
+
 def _burn_alerts(
     config: Config,
     name: str,
@@ -75,26 +107,17 @@ def _burn_alerts(
     target_s: float,
     objective: float,
 ) -> list[Alert]:
-    budget = promql.num(1 - objective)
     out: list[Alert] = []
     for severity in (Severity.CRITICAL, Severity.WARNING):
-        windows = [w for w in config.burn_windows if w.severity is severity]
-        if not windows:
+        burn = _burn_conditions(config, severity, template, objective)
+        if burn is None:
             continue
-        clauses = []
-        for w in windows:
-            long = rules.record_name(template, w.long)
-            short = rules.record_name(template, w.short)
-            threshold = f"({promql.num(w.factor)} * {budget})"
-            clauses.append(f"(\n  {long} > {threshold}\nand\n  {short} > {threshold}\n)")
-        conditions = ", or ".join(
-            f"{promql.num(w.factor)}x over {w.long} and {w.short}" for w in windows
-        )
+        expr, conditions = burn
         out.append(
             _alert(
                 config,
                 name,
-                "\nor\n".join(clauses),
+                expr,
                 config.burn_for(severity),
                 severity,
                 f"{{{{ $labels.server_address }}}} is burning its {what} error budget"
@@ -103,6 +126,49 @@ def _burn_alerts(
                 f"{{{{ $labels.server_address }}}} missed the {what} target of "
                 f"{promql.num(target_s)}s (objective {_pct(objective)} over "
                 f"{config.slo_period}). Budget burn rate above {conditions}.",
+            )
+        )
+    return out
+
+
+def tenant_alerts(config: Config) -> list[Alert]:
+    """Per tenant and backend: goodput error-budget burn (both targets, each stream's own).
+
+    Reads only the per-tenant rules, which record nothing without tenant labels:
+    then this alert cannot fire, and the TTFT and TPOT alerts cover the backend.
+    """
+    n = config.tenant_min_requests
+
+    def enough(w: BurnWindow) -> str:
+        rate = rules.record_name(rules.TENANT_SLO_REQUESTS, w.long)
+        return f"{rate} * {promql.num(duration_s(w.long))} >= {n}"
+
+    tenant = "{{ $labels.tokenstamp_tenant }}"
+    on = "{{ $labels.server_address }}"
+    out: list[Alert] = []
+    for severity in (Severity.CRITICAL, Severity.WARNING):
+        burn = _burn_conditions(
+            config, severity, rules.TENANT_GOODPUT_ERRORS, config.tenant_goodput_objective,
+            enough if n else None,
+        )  # fmt: skip
+        if burn is None:
+            continue
+        expr, conditions = burn
+        minimum = f", with at least {n} streams of the tenant in the long window" if n else ""
+        out.append(
+            _alert(
+                config,
+                TENANT_GOODPUT_BURN,
+                expr,
+                config.burn_for(severity),
+                severity,
+                f"Tenant {tenant} is burning its goodput error budget on {on}"
+                + (" fast." if severity is Severity.CRITICAL else "."),
+                f"{{{{ $value | humanizePercentage }}}} of tenant {tenant}'s streams on {on} "
+                "missed their TTFT or TPOT target (the request's own, else the defaults of "
+                f"{promql.num(config.ttft_target_s)}s and {promql.num(config.tpot_target_s)}s; "
+                f"objective {_pct(config.tenant_goodput_objective)} over {config.slo_period}). "
+                f"Budget burn rate above {conditions}{minimum}.",
             )
         )
     return out
@@ -193,5 +259,6 @@ def alert_groups(config: Config) -> list[dict[str, Any]]:
     """The rule groups of the alerts file."""
     return [
         {"name": "tokenstamp.slo.alerts", "rules": slo_alerts(config)},
+        {"name": "tokenstamp.tenant.slo.alerts", "rules": tenant_alerts(config)},
         {"name": "tokenstamp.alerts", "rules": backend_alerts(config)},
     ]

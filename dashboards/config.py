@@ -70,6 +70,12 @@ class Config:
     """TPOT SLO target: a stream meets it when its time per output token is within this."""
     tpot_objective: float = 0.99
     """Share of streams that must meet the TPOT target over the SLO period."""
+    tenant_goodput_objective: float = 0.99
+    """Share of each tenant's finished streams that must meet both targets (their own, sent in
+    ``x-slo-ttft-ms`` / ``x-slo-tpot-ms``, or the proxy's ``--slo-ttft`` / ``--slo-tpot``)."""
+    tenant_min_requests: int = 100
+    """A tenant's burn alert needs at least this many finished streams in the long window (0:
+    no minimum), so one miss among a handful of requests does not page."""
     slo_period: str = "30d"
     """SLO period the burn factors are meant for (used in texts only)."""
     burn_windows: tuple[BurnWindow, ...] = DEFAULT_BURN_WINDOWS
@@ -116,8 +122,9 @@ class Config:
                 _check(f.name, bool(_DURATION.match(value)), f"not a duration: {value!r}")
         _check("selector", "{" not in self.selector and "}" not in self.selector, "no braces")
         _check("selector", bool(self.selector.strip()), "must not be empty")
-        for key in ("ttft_objective", "tpot_objective", "stutter_share_threshold",
-                    "unattributed_share_threshold", "upstream_error_ratio_threshold"):  # fmt: skip
+        for key in ("ttft_objective", "tpot_objective", "tenant_goodput_objective",
+                    "stutter_share_threshold", "unattributed_share_threshold",
+                    "upstream_error_ratio_threshold"):  # fmt: skip
             value = getattr(self, key)
             _check(key, 0.0 < value < 1.0, f"must be between 0 and 1, got {value}")
         for key, buckets in (
@@ -127,6 +134,7 @@ class Config:
         ):
             value = getattr(self, key)
             _check(key, 0.0 < value <= buckets[-1], f"must be in (0, {buckets[-1]}], got {value}")
+        _check("tenant_min_requests", self.tenant_min_requests >= 0, "must be >= 0")
         _check("burn_windows", bool(self.burn_windows), "needs at least one window")
         for i, w in enumerate(self.burn_windows):
             key = f"burn_windows[{i}]"
@@ -135,6 +143,11 @@ class Config:
             _check(key, w.factor > 0, "factor must be > 0")
         _check("upstream_error_outcomes", bool(self.upstream_error_outcomes), "empty")
         _check("runbook_url", "#" not in self.runbook_url, "no anchor: it is appended")
+
+    @property
+    def long_windows(self) -> tuple[str, ...]:
+        """Every distinct long burn-rate window, shortest first."""
+        return tuple(w for w in self.windows if w in {b.long for b in self.burn_windows})
 
     @property
     def windows(self) -> tuple[str, ...]:

@@ -45,6 +45,8 @@ class Query:
     """Instant query (stat panels) instead of a range query."""
     heatmap: bool = False
     """Return buckets in heatmap format (``le`` labels as rows)."""
+    table: bool = False
+    """Return one row per series, labels as columns (table panels)."""
 
 
 def legend(*labels: str) -> str:
@@ -73,7 +75,7 @@ def _target(q: Query, ref_id: str) -> Json:
         "datasource": DATASOURCE,
         "editorMode": "code",
         "expr": q.expr,
-        "format": "heatmap" if q.heatmap else "time_series",
+        "format": "heatmap" if q.heatmap else "table" if q.table else "time_series",
         "instant": q.instant,
         "legendFormat": q.legend or "__auto",
         "range": not q.instant,
@@ -209,6 +211,45 @@ def stat(
     }
 
 
+def table(
+    title: str, what: str, phase: Phase, query: Query, unit: str, labels: dict[str, str], value: str
+) -> Json:
+    """A table of one instant query: ``labels`` maps labels to headers, in order; the
+    value column is headed ``value`` and sorted largest first; the time column is hidden."""
+    if not (query.instant and query.table):
+        raise ValueError(f"{title}: a table panel needs an instant table query")
+    headers = {**labels, "Value": value}
+    return {
+        **_base("table", title, _describe(what, phase), [query]),
+        "fieldConfig": {
+            "defaults": {
+                "color": {"mode": "thresholds"},
+                "custom": {"align": "auto", "cellOptions": {"type": "auto"}, "inspect": False},
+                "decimals": 0,
+                "thresholds": thresholds(("green", None)),
+                "unit": unit,
+            },
+            "overrides": [],
+        },
+        "options": {
+            "cellHeight": "sm",
+            "frameIndex": 0,
+            "showHeader": True,
+            "sortBy": [{"desc": True, "displayName": value}],
+        },
+        "transformations": [
+            {
+                "id": "organize",
+                "options": {
+                    "excludeByName": {"Time": True},
+                    "indexByName": {name: i for i, name in enumerate(headers)},
+                    "renameByName": headers,
+                },
+            }
+        ],
+    }
+
+
 def right_axis(ref_id: str, unit: str) -> Json:
     """Override that moves every series of query ``ref_id`` to a right-hand axis with ``unit``."""
     return {
@@ -282,6 +323,11 @@ def request_label_variable(config: Config, name: str, title: str, label: str, *e
     """A variable over the values of ``label`` on the request counter (``extra`` matchers)."""
     query = f"label_values({names.REQUESTS.prom_series}{rules.sel(config, *extra)}, {label})"
     return query_variable(name, title, query)
+
+
+def tenant_variable(config: Config, *extra: str) -> Json:
+    """The ``$tenant`` variable (``promql.TENANT_MATCHER``); only "All" without tenants."""
+    return request_label_variable(config, "tenant", "Tenant", promql.TENANT, *extra)
 
 
 def prometheus_annotation(name: str, expr: str, title: str, text: str, color: str) -> Json:

@@ -12,6 +12,14 @@ from exporters import names
 
 #: Grafana's rate window that adapts to the scrape interval and the zoom.
 RATE_INTERVAL = "$__rate_interval"
+#: The ``tokenstamp_tenant`` label: present only when the proxy runs with ``--tenant-header``.
+TENANT = names.label_name(names.TENANT)
+#: Matcher of the dashboards' ``$tenant`` variable. Its "All" is ``.*``, which also
+#: matches series without the label (an absent label matches as the empty string),
+#: so every panel works with and without tenants.
+TENANT_MATCHER = f'{TENANT}=~"$tenant"'
+#: What a panel grouped by tenant shows where the series carry no tenant.
+NO_TENANT = "all (no --tenant-header)"
 
 
 def num(x: float) -> str:
@@ -76,6 +84,25 @@ def mean(inst: names.Instrument, sel: str, window: str, labels: Sequence[str] = 
     s = hist_rate(inst, "sum", sel, window, labels)
     c = hist_rate(inst, "count", sel, window, labels)
     return f"{s}\n/\n{c}"
+
+
+def ratio(part: str, whole: str) -> str:
+    """``part / whole`` that is 0, not absent, where ``part`` has no series for a group.
+
+    A counter series appears only when first incremented: a tenant none of whose
+    streams ever missed has no ``missed`` series, and its error ratio would vanish.
+    """
+    return f"(\n  {_indent(part)}\nor\n  0 * {_indent(whole)}\n)\n/\n{whole}"
+
+
+def fill_empty(expr: str, label: str, value: str) -> str:
+    """``expr`` with ``label`` set to ``value`` on every series where it is empty or absent."""
+    return f'label_replace(\n  {_indent(expr)},\n  "{label}", "{value}", "{label}", ""\n)'
+
+
+def by_tenant(expr: str, label: str = TENANT) -> str:
+    """``expr`` grouped by a tenant label, with ``NO_TENANT`` where the series carry none."""
+    return fill_empty(expr, label, NO_TENANT)
 
 
 def _with(sel: str, extra: str) -> str:

@@ -1,11 +1,15 @@
 """Prometheus recording rules: what the dashboards and the alerts share.
 
-Names follow ``level:metric:operations``. Two levels:
+Names follow ``level:metric:operations``. Three levels:
 
 - ``instance_server_address``: per proxy instance and backend (``job`` kept),
   for what happens on one machine: stalls, stutter, errors, decoder errors;
 - ``server_address``: per backend across proxy replicas (``job`` kept), for
-  the SLOs, which belong to the service, not to one replica.
+  the SLOs, which belong to the service, not to one replica;
+- ``server_address_tokenstamp_tenant``: per backend and tenant across replicas,
+  for each tenant's goodput SLO. Only series that carry a tenant (the proxy runs
+  with ``--tenant-header``) are read, so without tenants these rules record
+  nothing and the overall SLO rules are the only ones.
 """
 
 from __future__ import annotations
@@ -20,9 +24,13 @@ from exporters import names
 INSTANCE_LEVEL: tuple[str, ...] = ("job", "instance", "server_address")
 #: Labels kept by the SLO rules.
 SLO_LEVEL: tuple[str, ...] = ("job", "server_address")
+#: Labels kept by the per-tenant SLO rules.
+TENANT_LEVEL: tuple[str, ...] = (*SLO_LEVEL, names.label_name(names.TENANT))
 
 STALL_CAUSE = names.label_name(names.STALL_CAUSE)
 OUTCOME = names.label_name(names.OUTCOME)
+SLO = names.label_name(names.SLO)
+TENANT = names.label_name(names.TENANT)
 
 STREAMS_AVG = "instance_server_address:tokenstamp_streams_active:avg_over_time{w}"
 STUTTER_RATE = "instance_server_address:tokenstamp_prefill_stutter_cost_seconds:rate{w}"
@@ -35,6 +43,10 @@ UPSTREAM_ERRORS = "instance_server_address:tokenstamp_requests_upstream_errors:r
 DECODER_ERRORS = "instance_server_address:tokenstamp_decoder_errors:rate{w}"
 TTFT_ERRORS = "server_address:tokenstamp_ttft_slo_errors_per_request:ratio_rate{w}"
 TPOT_ERRORS = "server_address:tokenstamp_tpot_slo_errors_per_request:ratio_rate{w}"
+TENANT_GOODPUT_ERRORS = (
+    "server_address_tokenstamp_tenant:tokenstamp_goodput_slo_errors_per_request:ratio_rate{w}"
+)
+TENANT_SLO_REQUESTS = "server_address_tokenstamp_tenant:tokenstamp_requests_slo:rate{w}"
 
 Rule = dict[str, Any]
 Group = dict[str, Any]
@@ -101,9 +113,41 @@ def slo_rules(config: Config) -> list[Rule]:
     return out
 
 
+def tenant_slo_rules(config: Config) -> list[Rule]:
+    """Per backend and tenant: share of finished streams that missed their targets, per window.
+
+    The goodput counter judges each stream by its own targets when the request
+    sent them, else by the proxy's defaults. ``tokenstamp_tenant!=""`` keeps out
+    series without a tenant: those are the whole backend, which the TTFT and
+    TPOT rules already cover. The request rate over each long window lets the
+    alert ignore tenants with too few streams to judge.
+    """
+    tenanted = f'{TENANT}!=""'
+    s = sel(config, tenanted)
+    missed = sel(config, tenanted, f'{SLO}="missed"')
+    slo = names.SLO_REQUESTS
+    out = [
+        _rule(
+            record_name(TENANT_GOODPUT_ERRORS, w),
+            promql.ratio(
+                promql.counter_rate(slo, missed, w, TENANT_LEVEL),
+                promql.counter_rate(slo, s, w, TENANT_LEVEL),
+            ),
+        )
+        for w in config.windows
+    ]
+    if config.tenant_min_requests:
+        out += [
+            _rule(record_name(TENANT_SLO_REQUESTS, w), promql.counter_rate(slo, s, w, TENANT_LEVEL))
+            for w in config.long_windows
+        ]
+    return out
+
+
 def recording_groups(config: Config) -> list[Group]:
     """The rule groups of the recording-rules file."""
     return [
         {"name": "tokenstamp.backend.rules", "rules": backend_rules(config)},
         {"name": "tokenstamp.slo.rules", "rules": slo_rules(config)},
+        {"name": "tokenstamp.tenant.slo.rules", "rules": tenant_slo_rules(config)},
     ]

@@ -1,8 +1,10 @@
 """The "Serving latency" dashboard: prefill (TTFT) and decode (TPOT, gaps) apart.
 
 Latency percentiles per backend, the distributions behind them, what share of
-a request is decode, outcomes, throughput, goodput and SLO burn. Variables:
-data source, backend (``server_address``), model (``gen_ai_request_model``).
+a request is decode, outcomes, throughput, goodput and SLO burn, and the same
+per tenant. Variables: data source, backend (``server_address``), model
+(``gen_ai_request_model``), tenant (``tokenstamp_tenant``, "All" when the proxy
+does not label tenants).
 """
 
 from __future__ import annotations
@@ -22,14 +24,18 @@ from dashboards.grafana import (
     percentiles,
     request_label_variable,
     stat,
+    tenant_variable,
     thresholds,
     timeseries,
 )
+from dashboards.promql import TENANT, TENANT_MATCHER, by_tenant
 from exporters import names
 
 UID = "tokenstamp-serving-latency"
 BACKEND = names.label_name(names.SERVER_ADDRESS)
 MODEL = names.label_name(names.REQUEST_MODEL)
+SLO = names.label_name(names.SLO)
+SLO_SOURCE = names.label_name(names.SLO_SOURCE)
 QUANTILES = (0.5, 0.9, 0.99)
 RI = promql.RATE_INTERVAL
 
@@ -38,20 +44,36 @@ def _percentiles(inst: names.Instrument, sel: str) -> list[Query]:
     return percentiles(inst, sel, RI, BACKEND, QUANTILES)
 
 
-def _burn(config: Config, template: str, objective: float, what: str) -> Json:
+def _share(inst: names.Instrument, part: str, whole: str, labels: tuple[str, ...] = ()) -> str:
+    """Rate of counter ``inst`` matching selector ``part`` over its rate matching ``whole``."""
+    return promql.ratio(
+        promql.counter_rate(inst, part, RI, labels), promql.counter_rate(inst, whole, RI, labels)
+    )
+
+
+def _burn(
+    config: Config,
+    template: str,
+    objective: float,
+    title: str,
+    what: str,
+    phase: Phase,
+    labels: tuple[str, ...],
+    *matchers: str,
+) -> Json:
     budget = promql.num(1 - objective)
-    sel = promql.matchers(f'{BACKEND}=~"$backend"')
-    longs = sorted({w.long for w in config.burn_windows}, key=config.windows.index)[:2]
+    sel = promql.matchers(f'{BACKEND}=~"$backend"', *matchers)
     steps = sorted({w.factor for w in config.burn_windows})
     colors = ("yellow", "orange", "red", "dark-red")
+    scope = "filtered by tenant, not by model" if matchers else "not filtered by model or tenant"
     return timeseries(
-        f"{what} SLO burn rate",
-        f"How fast {what} misses spend the error budget (1 = exactly on budget for "
-        f"{config.slo_period}); the alert fires above the drawn lines, not filtered by model.",
-        Phase.PREFILL if what == "TTFT" else Phase.DECODE,
+        title,
+        f"How fast {what} spend the error budget (1 = exactly on budget for "
+        f"{config.slo_period}); the alert fires above the drawn lines, {scope}.",
+        phase,
         [
-            Query(f"{rules.record_name(template, w)}{sel} / {budget}", f"{w} {legend(BACKEND)}")
-            for w in longs
+            Query(f"{rules.record_name(template, w)}{sel} / {budget}", f"{w} {legend(*labels)}")
+            for w in config.long_windows[:2]
         ],
         "none",
         threshold=thresholds(
@@ -60,23 +82,67 @@ def _burn(config: Config, template: str, objective: float, what: str) -> Json:
     )
 
 
+def _tenants(lay: Layout, config: Config, s: str) -> None:
+    """Goodput, its burn and latency per tenant; goodput by whose targets judged it."""
+    slo = names.SLO_REQUESTS
+    met = promql.matchers(s.strip("{}"), f'{SLO}="met"')
+    own = promql.matchers(s.strip("{}"), f'{SLO_SOURCE}="request"')
+    goodput_by_tenant = _share(slo, met, s, (TENANT,))
+    goodput_by_source = _share(slo, met, s, (SLO_SOURCE,))
+    own_share = _share(slo, own, s)
+    objective = config.tenant_goodput_objective
+    lay.row("Tenants")
+    lay.add(timeseries("Goodput by tenant", "Share of each tenant's finished streams that met "
+                       "both targets, their own when the request sent them, else the defaults; "
+                       "one line for all without --tenant-header.", Phase.BOTH,
+                       [Query(by_tenant(goodput_by_tenant), legend(TENANT))], "percentunit",
+                       threshold=thresholds(("red", None), ("green", objective)),
+                       maximum=1), 8)  # fmt: skip
+    lay.add(timeseries("Goodput by SLO source", "Goodput of streams judged by the targets their "
+                       "request sent (x-slo-ttft-ms, x-slo-tpot-ms: a gateway's promise) and by "
+                       "the proxy's defaults, and the share of streams that sent their own.",
+                       Phase.BOTH,
+                       [Query(goodput_by_source, f"goodput, {legend(SLO_SOURCE)} targets"),
+                        Query(own_share, "share with their own targets")],
+                       "percentunit", maximum=1), 8)  # fmt: skip
+    lay.add(_burn(config, rules.TENANT_GOODPUT_ERRORS, objective, "Tenant goodput burn rate",
+                  "each tenant's missed streams", Phase.BOTH, (TENANT, BACKEND),
+                  TENANT_MATCHER), 8)  # fmt: skip
+    lay.add(timeseries("TTFT p90 by tenant", "Time to first token that 9 in 10 of each tenant's "
+                       "requests beat; the dashed line is the default TTFT target.",
+                       Phase.PREFILL,
+                       [Query(by_tenant(promql.quantile(0.9, names.TTFT, s, RI, (TENANT,))),
+                              legend(TENANT))], "s",
+                       threshold=line_at(config.ttft_target_s)), 8)  # fmt: skip
+    lay.add(timeseries("TPOT p90 by tenant", "Time per output token that 9 in 10 of each "
+                       "tenant's streams beat; the dashed line is the default TPOT target.",
+                       Phase.DECODE,
+                       [Query(by_tenant(promql.quantile(0.9, names.TPOT, s, RI, (TENANT,))),
+                              legend(TENANT))], "s",
+                       threshold=line_at(config.tpot_target_s)), 8)  # fmt: skip
+    backend = rules.sel(config, f'{BACKEND}=~"$backend"')
+    other = rules.sel(config, f'{BACKEND}=~"$backend"', f'{TENANT}="other"')
+    folded = _share(names.REQUESTS, other, backend, (BACKEND,))
+    lay.add(timeseries("Requests folded into other", "Share of requests whose tenant was past "
+                       "the proxy's tenant bound or allowlist and counted as other: when it "
+                       "grows, the per-tenant panels hide tenants (not filtered by tenant).",
+                       Phase.BOTH, [Query(folded, legend(BACKEND))], "percentunit",
+                       maximum=1), 8)  # fmt: skip
+
+
 def build(config: Config) -> Json:
     """The dashboard JSON model."""
-    s = rules.sel(config, f'{BACKEND}=~"$backend"', f'{MODEL}=~"$model"')
+    s = rules.sel(config, f'{BACKEND}=~"$backend"', f'{MODEL}=~"$model"', TENANT_MATCHER)
     out_tokens = rules.sel(
-        config, f'{BACKEND}=~"$backend"', f'{MODEL}=~"$model"',
+        config, f'{BACKEND}=~"$backend"', f'{MODEL}=~"$model"', TENANT_MATCHER,
         f'{names.label_name(names.TOKEN_TYPE)}="output"',
     )  # fmt: skip
     met = rules.sel(
-        config, f'{BACKEND}=~"$backend"', f'{MODEL}=~"$model"',
-        f'{names.label_name(names.SLO)}="met"',
+        config, f'{BACKEND}=~"$backend"', f'{MODEL}=~"$model"', TENANT_MATCHER, f'{SLO}="met"',
     )  # fmt: skip
     slo = names.SLO_REQUESTS
-    goodput = f"{promql.counter_rate(slo, met, RI)}\n/\n{promql.counter_rate(slo, s, RI)}"
-    goodput_by = (
-        f"{promql.counter_rate(slo, met, RI, (BACKEND,))}\n/\n"
-        f"{promql.counter_rate(slo, s, RI, (BACKEND,))}"
-    )
+    goodput = _share(slo, met, s)
+    goodput_by = _share(slo, met, s, (BACKEND,))
     active = f"sum({names.STREAMS_ACTIVE.prom_series}{s})"
     tokens = promql.hist_rate(names.TOKEN_USAGE, "sum", out_tokens, RI)
     tokens_by = promql.hist_rate(names.TOKEN_USAGE, "sum", out_tokens, RI, (BACKEND,))
@@ -173,7 +239,7 @@ def build(config: Config) -> Json:
                               legend(BACKEND))], "short"), 8)  # fmt: skip
     lay.add(timeseries("Upstream error ratio", f"Share of requests ending in "
                        f"{' or '.join(config.upstream_error_outcomes)} over {w} (alert input, "
-                       "not filtered by model).", Phase.BOTH,
+                       "not filtered by model or tenant).", Phase.BOTH,
                        [Query(f"{rules.record_name(rules.UPSTREAM_ERRORS, w)}{backend_only}",
                               legend(BACKEND, "instance"))], "percentunit",
                        threshold=line_at(config.upstream_error_ratio_threshold)), 8)  # fmt: skip
@@ -188,18 +254,23 @@ def build(config: Config) -> Json:
                        "TTFT and the TPOT target.", Phase.BOTH,
                        [Query(goodput_by, legend(BACKEND))], "percentunit",
                        maximum=1), 8)  # fmt: skip
-    lay.add(_burn(config, rules.TTFT_ERRORS, config.ttft_objective, "TTFT"), 8)
-    lay.add(_burn(config, rules.TPOT_ERRORS, config.tpot_objective, "TPOT"), 8)
+    lay.add(_burn(config, rules.TTFT_ERRORS, config.ttft_objective, "TTFT SLO burn rate",
+                  "TTFT misses", Phase.PREFILL, (BACKEND,)), 8)  # fmt: skip
+    lay.add(_burn(config, rules.TPOT_ERRORS, config.tpot_objective, "TPOT SLO burn rate",
+                  "TPOT misses", Phase.DECODE, (BACKEND,)), 8)  # fmt: skip
+
+    _tenants(lay, config, s)
 
     return dashboard(
         config,
         uid=UID,
         title="tokenstamp / Serving latency",
         description="Prefill (time to first token) and decode (time per output token, every "
-        "inter-token gap) measured apart, per backend and model.",
+        "inter-token gap) measured apart, per backend, model and tenant.",
         panels=lay.panels,
         variables=[
             request_label_variable(config, "backend", "Backend", BACKEND),
             request_label_variable(config, "model", "Model", MODEL, f'{BACKEND}=~"$backend"'),
+            tenant_variable(config, f'{BACKEND}=~"$backend"'),
         ],
     )

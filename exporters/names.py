@@ -35,6 +35,9 @@ OUTCOME = "tokenstamp.outcome"
 STATUS_CODE = "http.response.status_code"
 STALL_CAUSE = "tokenstamp.stall.cause"
 SLO = "tokenstamp.slo"
+SLO_SOURCE = "tokenstamp.slo.source"
+TENANT = "tokenstamp.tenant"
+CULPRIT_TENANT = "tokenstamp.culprit.tenant"
 
 #: Attributes on every request metric, in label order.
 REQUEST_ATTRS: tuple[str, ...] = (OPERATION, PROVIDER, REQUEST_MODEL, SERVER_ADDRESS)
@@ -231,8 +234,9 @@ SLO_REQUESTS = Instrument(
     "tokenstamp.requests.slo",
     Kind.COUNTER,
     "{request}",
-    "Finished streamed requests by whether they met both the TTFT and the TPOT target.",
-    (*REQUEST_ATTRS, SLO),
+    "Finished streamed requests by whether they met both the TTFT and the TPOT target: the "
+    "request's own (x-slo-ttft-ms, x-slo-tpot-ms) or the proxy's defaults.",
+    (*REQUEST_ATTRS, SLO, SLO_SOURCE),
 )
 DECODER_ERRORS = Instrument(
     "tokenstamp.decoder.errors",
@@ -247,6 +251,13 @@ UNOBSERVED = Instrument(
     "{request}",
     "Requests on an observed route passed through without timing (body not JSON, unknown format).",
     (*BACKEND_ATTRS, "tokenstamp.reason"),
+)
+TENANTS_OVERFLOW = Instrument(
+    "tokenstamp.tenants.overflow",
+    Kind.COUNTER,
+    "{request}",
+    "Requests whose tenant was folded into other (past --max-tenants, or not in --tenant-allow).",
+    BACKEND_ATTRS,
 )
 STREAMS_ACTIVE = Instrument(
     "tokenstamp.streams.active",
@@ -328,6 +339,7 @@ ALL: tuple[Instrument, ...] = (
     SLO_REQUESTS,
     DECODER_ERRORS,
     UNOBSERVED,
+    TENANTS_OVERFLOW,
     STREAMS_ACTIVE,
     BODY_HELD,
     BODY_BUDGET,
@@ -337,6 +349,18 @@ ALL: tuple[Instrument, ...] = (
     DECODE_STEP_PER_STREAM,
     PREFILL_CHUNK,
 )
+
+
+def tenant_attrs(inst: Instrument) -> tuple[str, ...]:
+    """``inst``'s attributes when tenants are labelled (``--tenant-header``): the tenant
+    right after the request attributes of a request metric; on the stall counter, the
+    stalled stream's tenant and its (first) culprit's. Other instruments are unchanged."""
+    n = len(REQUEST_ATTRS)
+    if inst.attrs[:n] == REQUEST_ATTRS:
+        return (*REQUEST_ATTRS, TENANT, *inst.attrs[n:])
+    if inst.name == STALLS.name:
+        return (*inst.attrs, TENANT, CULPRIT_TENANT)
+    return inst.attrs
 
 
 def prometheus_series_names() -> frozenset[str]:

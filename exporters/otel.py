@@ -21,7 +21,7 @@ from opentelemetry.metrics import Counter, Histogram, Meter, MeterProvider, UpDo
 
 from exporters import names
 from exporters.otel_gaps import GapHistograms
-from exporters.prometheus import PrometheusSink, status_class
+from exporters.prometheus import request_label_values, stall_tenants, status_class
 from proxy import __version__
 from proxy.core.records import Backend, PrefillRecord, RequestLabels, RequestRecord, StallRecord
 
@@ -29,8 +29,6 @@ METER_NAME = "tokenstamp"
 """Instrumentation scope of every tokenstamp instrument."""
 
 Attributes = dict[str, str]
-
-request_label_values = PrometheusSink.request_label_values
 
 
 def histogram(meter: Meter, inst: names.Instrument) -> Histogram:
@@ -56,9 +54,11 @@ def updown(meter: Meter, inst: names.Instrument) -> UpDownCounter:
     return meter.create_up_down_counter(inst.name, unit=inst.unit, description=inst.description)
 
 
-def attributes(inst: names.Instrument, *values: str) -> Attributes:
-    """``inst``'s attributes with ``values`` in its label order (one value per key)."""
-    return dict(zip(inst.attrs, values, strict=True))
+def attributes(inst: names.Instrument, *values: str, tenants: bool = False) -> Attributes:
+    """``inst``'s attributes with ``values`` in its label order (one value per key);
+    ``tenants``: its attributes with the tenant ones (``names.tenant_attrs``)."""
+    keys = names.tenant_attrs(inst) if tenants else inst.attrs
+    return dict(zip(keys, values, strict=True))
 
 
 class OtelMetricsSink:
@@ -71,10 +71,16 @@ class OtelMetricsSink:
         slo_ttft_s: float = float("inf"),
         slo_tpot_s: float = float("inf"),
         gaps: GapHistograms | None = None,
+        tenants: bool = False,
     ) -> None:
-        """Instruments on ``meter_provider``; gaps into ``gaps`` when its reader bridges them."""
+        """Instruments on ``meter_provider``; gaps into ``gaps`` when its reader bridges them;
+        ``tenants``: the tenant attributes on request metrics and stalls (``--tenant-header``)."""
         meter = meter_provider.get_meter(METER_NAME, __version__)
+        self.tenants = tenants
+        """Request metrics and the stall counter carry the tenant attributes."""
         self._gaps = gaps
+        if gaps is not None:
+            gaps.tenants = tenants
         self.slo_ttft_s = slo_ttft_s
         """TTFT target for ``tokenstamp.requests.slo``."""
         self.slo_tpot_s = slo_tpot_s
@@ -104,7 +110,8 @@ class OtelMetricsSink:
         """The request attributes of ``labels`` (cached; labels are bounded by the proxy)."""
         attrs = self._request_attrs.get(labels)
         if attrs is None:
-            attrs = dict(zip(names.REQUEST_ATTRS, request_label_values(labels), strict=True))
+            values = request_label_values(labels, self.tenants)
+            attrs = attributes(names.STREAMS_ACTIVE, *values, tenants=self.tenants)
             self._request_attrs[labels] = attrs
         return attrs
 
@@ -136,25 +143,29 @@ class OtelMetricsSink:
         labels = record.labels
         base = self._attrs(labels)
         self._active.add(-1, base)
-        values = request_label_values(labels)
+        t = self.tenants
+        values = request_label_values(labels, t)
         err = record.error_type
-        self._duration.record(record.duration_s, attributes(names.DURATION, *values, err))
+        self._duration.record(
+            record.duration_s, attributes(names.DURATION, *values, err, tenants=t)
+        )
         outcome = record.outcome.value
         status = status_class(record.status_code)
-        self._requests.add(1, attributes(names.REQUESTS, *values, outcome, status, err))
+        self._requests.add(1, attributes(names.REQUESTS, *values, outcome, status, err, tenants=t))
         if record.prompt_tokens is not None:
             self._tokens.record(
-                record.prompt_tokens, attributes(names.TOKEN_USAGE, *values, "input")
+                record.prompt_tokens, attributes(names.TOKEN_USAGE, *values, "input", tenants=t)
             )
         if record.completion_tokens is not None:
             self._tokens.record(
-                record.completion_tokens, attributes(names.TOKEN_USAGE, *values, "output")
+                record.completion_tokens,
+                attributes(names.TOKEN_USAGE, *values, "output", tenants=t),
             )
         if not record.streamed:
             return
         ttft = record.ttft_s
         if ttft is not None:
-            cache = attributes(names.PREFIX_CACHE_TTFT, *values, record.prefix_cache)
+            cache = attributes(names.PREFIX_CACHE_TTFT, *values, record.prefix_cache, tenants=t)
             self._cache_ttft.record(ttft, cache)
         queue = record.queue_time_s
         if queue is not None:
@@ -170,8 +181,10 @@ class OtelMetricsSink:
             self._tpot.record(tpot, base)
         if record.gap_count:
             self._max_gap.record(record.max_gap_s, base)
-        met = record.slo_met(self.slo_ttft_s, self.slo_tpot_s)
-        self._slo.add(1, attributes(names.SLO_REQUESTS, *values, "met" if met else "missed"))
+        met, source = record.slo_judged(self.slo_ttft_s, self.slo_tpot_s)
+        slo = attributes(names.SLO_REQUESTS, *values, "met" if met else "missed", source.value,
+                         tenants=t)  # fmt: skip
+        self._slo.add(1, slo)
 
     def decoder_error(self, backend: Backend, kind: str) -> None:
         """One undecodable upstream event."""
@@ -189,7 +202,12 @@ class OtelMetricsSink:
         """One stall: counted and its duration recorded, by cause."""
         b = record.backend
         attrs = attributes(names.STALLS, b.provider, b.address, record.cause.value)
-        self._stalls.add(1, attrs)
+        if self.tenants:
+            by_tenant = attributes(names.STALLS, b.provider, b.address, record.cause.value,
+                                   *stall_tenants(record), tenants=True)  # fmt: skip
+            self._stalls.add(1, by_tenant)
+        else:
+            self._stalls.add(1, attrs)
         self._stall_duration.record(record.duration_s, attrs)
 
     def prefill_done(self, record: PrefillRecord) -> None:

@@ -35,7 +35,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from exporters import names
-from exporters.prometheus import PrometheusSink
+from exporters.prometheus import request_label_values
 from proxy import __version__
 from proxy.core.records import RequestLabels
 
@@ -67,6 +67,8 @@ class GapHistograms:
         self.delta = delta
         """Export deltas (reset at each collection) instead of cumulative totals."""
         self._bounds = inst.buckets
+        self.tenants = False
+        """The series carry the tenant attribute (set by the sink that feeds them)."""
         self._series: dict[RequestLabels, _Series] = {}
         self._lock = threading.Lock()  # observed on the loop, collected on the reader's thread
 
@@ -75,8 +77,9 @@ class GapHistograms:
         with self._lock:
             s = self._series.get(labels)
             if s is None:
-                values = PrometheusSink.request_label_values(labels)
-                attrs = dict(zip(names.REQUEST_ATTRS, values, strict=True))
+                values = request_label_values(labels, self.tenants)
+                keys = names.tenant_attrs(self.inst) if self.tenants else self.inst.attrs
+                attrs = dict(zip(keys, values, strict=True))
                 s = self._series[labels] = _Series(attrs, len(self._bounds) + 1, time.time_ns())
             s.counts[bisect_left(self._bounds, value_s)] += 1
             s.sum += value_s

@@ -264,6 +264,8 @@ class SpanRecorder:
             names.PROVIDER: labels.backend.provider,
             names.SERVER_ADDRESS: labels.backend.address,
         }
+        if labels.tenant:
+            attrs[names.TENANT] = labels.tenant
         name = labels.operation
         if request_model:
             attrs[names.REQUEST_MODEL] = request_model
@@ -353,6 +355,7 @@ class SpanRecorder:
                 STALL_BASELINE: record.baseline_ns / 1e9,
                 names.STALL_CAUSE: record.cause.value,
                 STALL_CULPRITS: record.culprits,
+                **({names.CULPRIT_TENANT: record.culprit_tenant} if record.culprit_tenant else {}),
             },
             timestamp=rs.wall_ns(record.end_ns),
         )

@@ -26,12 +26,14 @@ from prometheus_client.registry import Collector
 from exporters import names
 from exporters.fast_histogram import FastHistogram, HistogramChild
 from proxy.core.backend_fit import BackendFitRecord
+from proxy.core.labels import UNKNOWN
 from proxy.core.records import (
     Backend,
     GapRecorder,
     PrefillRecord,
     RequestLabels,
     RequestRecord,
+    StallCause,
     StallRecord,
 )
 
@@ -40,22 +42,56 @@ def _doc(inst: names.Instrument) -> str:
     return f"{inst.description} ({inst.name}, unit {inst.unit})"
 
 
-def histogram(inst: names.Instrument, registry: CollectorRegistry) -> FastHistogram:
-    """The Prometheus histogram of a docs/metrics.md instrument (the lock-free one)."""
+def _labels(inst: names.Instrument, tenants: bool) -> tuple[str, ...]:
+    attrs = names.tenant_attrs(inst) if tenants else inst.attrs
+    return tuple(names.label_name(a) for a in attrs)
+
+
+def histogram(
+    inst: names.Instrument, registry: CollectorRegistry, *, tenants: bool = False
+) -> FastHistogram:
+    """The Prometheus histogram of a docs/metrics.md instrument (the lock-free one);
+    ``tenants``: with the tenant labels (``names.tenant_attrs``)."""
     assert inst.kind is names.Kind.HISTOGRAM, inst.name
-    return FastHistogram(inst.prom_name, _doc(inst), inst.prom_labels, inst.buckets, registry)
+    labels = _labels(inst, tenants)
+    return FastHistogram(inst.prom_name, _doc(inst), labels, inst.buckets, registry)
 
 
-def counter(inst: names.Instrument, registry: CollectorRegistry) -> Counter:
-    """The Prometheus counter of a docs/metrics.md instrument."""
+def counter(
+    inst: names.Instrument, registry: CollectorRegistry, *, tenants: bool = False
+) -> Counter:
+    """The Prometheus counter of a docs/metrics.md instrument (``tenants``: as ``histogram``)."""
     assert inst.kind is names.Kind.COUNTER, inst.name
-    return Counter(inst.prom_name, _doc(inst), inst.prom_labels, registry=registry)
+    return Counter(inst.prom_name, _doc(inst), _labels(inst, tenants), registry=registry)
 
 
-def gauge(inst: names.Instrument, registry: CollectorRegistry) -> Gauge:
-    """The Prometheus gauge of a docs/metrics.md up-down counter."""
+def gauge(inst: names.Instrument, registry: CollectorRegistry, *, tenants: bool = False) -> Gauge:
+    """The Prometheus gauge of a docs/metrics.md up-down counter (``tenants``: as
+    ``histogram``)."""
     assert inst.kind is names.Kind.UPDOWN, inst.name
-    return Gauge(inst.prom_name, _doc(inst), inst.prom_labels, registry=registry)
+    return Gauge(inst.prom_name, _doc(inst), _labels(inst, tenants), registry=registry)
+
+
+def request_label_values(labels: RequestLabels, tenants: bool = False) -> tuple[str, ...]:
+    """Values of the request labels in order: ``names.REQUEST_ATTRS``, then (``tenants``)
+    the tenant, ``unknown`` for a request that was not told apart."""
+    b = labels.backend
+    if tenants:
+        return (labels.operation, b.provider, labels.model, b.address, labels.tenant or UNKNOWN)
+    return (labels.operation, b.provider, labels.model, b.address)
+
+
+def stall_tenants(record: StallRecord) -> tuple[str, str]:
+    """The stalled stream's tenant and its culprit's (``none`` when unattributed)."""
+    if record.cause is StallCause.UNATTRIBUTED:
+        culprit = NO_CULPRIT
+    else:
+        culprit = record.culprit_tenant or UNKNOWN
+    return record.tenant or UNKNOWN, culprit
+
+
+NO_CULPRIT = "none"
+"""``tokenstamp.culprit.tenant`` of an unattributed stall."""
 
 
 def status_class(code: int) -> str:
@@ -99,11 +135,9 @@ class _Children:
 
     __slots__ = ("active", "counters", "gap", "hists", "values")
 
-    def __init__(
-        self, values: tuple[str, str, str, str], gap: HistogramChild, active: Gauge
-    ) -> None:
+    def __init__(self, values: tuple[str, ...], gap: HistogramChild, active: Gauge) -> None:
         self.values = values
-        """Values of ``names.REQUEST_ATTRS`` in order."""
+        """Values of the request labels in order (``request_label_values``)."""
         self.gap = gap
         self.active = active
         self.hists: dict[tuple[object, ...], HistogramChild] = {}
@@ -119,44 +153,42 @@ class PrometheusSink:
     ``_created`` series): the proxy observes from its one event-loop thread.
     """
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, *, tenants: bool = False) -> None:
+        """Metrics in ``registry``; ``tenants``: with the tenant labels (``--tenant-header``)."""
         self.registry = registry
         """The registry the admin server exposes."""
-        self._ttft = histogram(names.TTFT, registry)
-        self._cache_ttft = histogram(names.PREFIX_CACHE_TTFT, registry)
-        self._tpot = histogram(names.TPOT, registry)
-        self._gap = histogram(names.GAP, registry)
-        self._duration = histogram(names.DURATION, registry)
-        self._tokens = histogram(names.TOKEN_USAGE, registry)
-        self._max_gap = histogram(names.MAX_GAP, registry)
-        self._queue_time = histogram(names.QUEUE_TIME, registry)
-        self._tokens_per_event = histogram(names.TOKENS_PER_EVENT, registry)
-        self._acceptance = histogram(names.ACCEPTANCE_LENGTH, registry)
-        self._requests = counter(names.REQUESTS, registry)
-        self._slo = counter(names.SLO_REQUESTS, registry)
+        self.tenants = tenants
+        """Request metrics and the stall counter carry the tenant labels."""
+        t = tenants
+        self._ttft = histogram(names.TTFT, registry, tenants=t)
+        self._cache_ttft = histogram(names.PREFIX_CACHE_TTFT, registry, tenants=t)
+        self._tpot = histogram(names.TPOT, registry, tenants=t)
+        self._gap = histogram(names.GAP, registry, tenants=t)
+        self._duration = histogram(names.DURATION, registry, tenants=t)
+        self._tokens = histogram(names.TOKEN_USAGE, registry, tenants=t)
+        self._max_gap = histogram(names.MAX_GAP, registry, tenants=t)
+        self._queue_time = histogram(names.QUEUE_TIME, registry, tenants=t)
+        self._tokens_per_event = histogram(names.TOKENS_PER_EVENT, registry, tenants=t)
+        self._acceptance = histogram(names.ACCEPTANCE_LENGTH, registry, tenants=t)
+        self._requests = counter(names.REQUESTS, registry, tenants=t)
+        self._slo = counter(names.SLO_REQUESTS, registry, tenants=t)
         self._decoder_errors = counter(names.DECODER_ERRORS, registry)
         self._unobserved = counter(names.UNOBSERVED, registry)
-        self._active = gauge(names.STREAMS_ACTIVE, registry)
+        self._active = gauge(names.STREAMS_ACTIVE, registry, tenants=t)
         self._stall_duration = histogram(names.STALL_DURATION, registry)
-        self._stalled_streams = histogram(names.STALLED_STREAMS, registry)
-        self._stalls = counter(names.STALLS, registry)
-        self._stutter_cost = counter(names.STUTTER_COST, registry)
+        self._stalled_streams = histogram(names.STALLED_STREAMS, registry, tenants=t)
+        self._stalls = counter(names.STALLS, registry, tenants=t)
+        self._stutter_cost = counter(names.STUTTER_COST, registry, tenants=t)
         self._children: dict[RequestLabels, _Children] = {}
         self.slo_ttft_s = float("inf")
         """TTFT target for ``tokenstamp_requests_slo_total``."""
         self.slo_tpot_s = float("inf")
         """TPOT target for ``tokenstamp_requests_slo_total``."""
 
-    @staticmethod
-    def request_label_values(labels: RequestLabels) -> tuple[str, str, str, str]:
-        """Values of ``names.REQUEST_ATTRS`` in order."""
-        b = labels.backend
-        return (labels.operation, b.provider, labels.model, b.address)
-
     def _for(self, labels: RequestLabels) -> _Children:
         ch = self._children.get(labels)
         if ch is None:
-            values = self.request_label_values(labels)
+            values = request_label_values(labels, self.tenants)
             ch = _Children(values, self._gap.labels(*values), self._active.labels(*values))
             self._children[labels] = ch
         return ch
@@ -230,8 +262,8 @@ class PrometheusSink:
         if record.gap_count:
             exemplar = {"trace_id": record.trace_id} if record.trace_id else None
             hist(ch, self._max_gap).observe(record.max_gap_s, exemplar)
-        met = record.slo_met(self.slo_ttft_s, self.slo_tpot_s)
-        self._count(ch, self._slo, "met" if met else "missed").inc()
+        met, source = record.slo_judged(self.slo_ttft_s, self.slo_tpot_s)
+        self._count(ch, self._slo, "met" if met else "missed", source.value).inc()
 
     def decoder_error(self, backend: Backend, kind: str) -> None:
         """One undecodable upstream event."""
@@ -245,7 +277,10 @@ class PrometheusSink:
         """One stall: counted and its duration observed, by cause."""
         b = record.backend
         cause = record.cause.value
-        self._stalls.labels(b.provider, b.address, cause).inc()
+        if self.tenants:
+            self._stalls.labels(b.provider, b.address, cause, *stall_tenants(record)).inc()
+        else:
+            self._stalls.labels(b.provider, b.address, cause).inc()
         self._stall_duration.labels(b.provider, b.address, cause).observe(record.duration_s)
 
     def prefill_done(self, record: PrefillRecord) -> None:
@@ -320,4 +355,22 @@ class BodyBudgetMetrics(Collector):
             inst.prom_name, _doc(inst), labels=[names.label_name(a) for a in labels]
         )
         c.add_metric(self._values, float(refused))
+        yield c
+
+
+class TenantOverflowMetrics(Collector):
+    """``tokenstamp_tenants_overflow_total``, read at each scrape (only with tenants)."""
+
+    def __init__(
+        self, registry: CollectorRegistry, backend: Backend, read: Callable[[], int]
+    ) -> None:
+        self._values = [backend.provider, backend.address]
+        self._read = read
+        registry.register(self)
+
+    def collect(self) -> Iterable[Metric]:
+        """The requests folded into ``other`` so far."""
+        inst = names.TENANTS_OVERFLOW
+        c = CounterMetricFamily(inst.prom_name, _doc(inst), labels=inst.prom_labels)
+        c.add_metric(self._values, float(self._read()))
         yield c

@@ -11,10 +11,13 @@ import argparse
 import importlib.util
 import math
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
+
+from proxy.core.labels import CREDENTIAL_HEADERS
 
 ENV_PREFIX = "TOKENSTAMP_"
 
@@ -72,6 +75,17 @@ class ProxyConfig:
     """TTFT target for the SLO counter (goodput)."""
     slo_tpot_s: float = 0.1
     """TPOT target for the SLO counter (goodput)."""
+    slo_ttft_header: str = "x-slo-ttft-ms"
+    """Request header with the request's own TTFT target in milliseconds (the Gateway API
+    Inference Extension's); a request that carries it is judged against it."""
+    slo_tpot_header: str = "x-slo-tpot-ms"
+    """Request header with the request's own TPOT target in milliseconds."""
+    tenant_headers: tuple[str, ...] = ()
+    """Request headers naming the tenant, first present wins; empty: no tenant label."""
+    tenant_allowlist: tuple[str, ...] = ()
+    """If set, only these tenants become labels; others become ``other``."""
+    max_tenants: int = 20
+    """Distinct tenant label values before the rest become ``other`` (without an allowlist)."""
     max_stream_duration_s: float = 0.0
     """Longest a response body may take from its first byte; 0: no limit."""
     header_timeout_s: float = 60.0
@@ -220,6 +234,28 @@ def _list(key: str, value: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in value.split(",") if x.strip())
 
 
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+"""A header name (RFC 9110 section 5.1: a token)."""
+
+
+def _header(key: str, value: str) -> str:
+    name = value.strip().lower()
+    if not _TOKEN.fullmatch(name):
+        raise ConfigError(f"{key}: not a header name: {value!r}")
+    return name
+
+
+def _tenant_headers(key: str, value: str) -> tuple[str, ...]:
+    names = tuple(_header(key, v) for v in _list(key, value))
+    for name in names:
+        if name in CREDENTIAL_HEADERS:
+            raise ConfigError(
+                f"{key}: {name!r} carries credentials, and a credential is never a label: "
+                "name a header that says whose request it is (e.g. x-tenant)"
+            )
+    return names
+
+
 @dataclass(frozen=True, slots=True)
 class _Opt:
     flag: str
@@ -256,6 +292,17 @@ SERVE_OPTIONS: tuple[_Opt, ...] = (
          "usage chunk again: true/false (default true)"),
     _Opt("slo-ttft", "slo_ttft_s", _positive(float), "TTFT target, seconds (default 2)"),
     _Opt("slo-tpot", "slo_tpot_s", _positive(float), "TPOT target, seconds (default 0.1)"),
+    _Opt("slo-ttft-header", "slo_ttft_header", _header, "request header carrying the request's "
+         "own TTFT target in ms, judged instead of --slo-ttft (default x-slo-ttft-ms)"),
+    _Opt("slo-tpot-header", "slo_tpot_header", _header, "request header carrying the request's "
+         "own TPOT target in ms, judged instead of --slo-tpot (default x-slo-tpot-ms)"),
+    _Opt("tenant-header", "tenant_headers", _tenant_headers, "request header naming the tenant, "
+         "labelled tokenstamp_tenant on every request metric; repeatable or comma-separated, "
+         "first present wins; never a credential header (default: none, no tenant label)"),
+    _Opt("tenant-allow", "tenant_allowlist", _list, "comma-separated tenants allowed as labels; "
+         "others become 'other'"),
+    _Opt("max-tenants", "max_tenants", _nonneg_int, "distinct tenant label values before the "
+         "rest become 'other' (default 20)"),
     _Opt("max-stream-duration", "max_stream_duration_s", _nonneg_float, "seconds a response may "
          "stream before it is cut (outcome timeout); 0: no limit (default 0)"),
     _Opt("header-timeout", "header_timeout_s", _positive(float), "seconds a client connection "
@@ -299,10 +346,20 @@ SERVE_OPTIONS: tuple[_Opt, ...] = (
 )  # fmt: skip
 
 
+_REPEATABLE = (_list, _tenant_headers)
+"""Flags that may be given more than once (their values join, in order)."""
+
+
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare every ``serve`` flag; values stay strings until ``build_config``."""
     for opt in SERVE_OPTIONS:
         env = ENV_PREFIX + opt.flag.upper().replace("-", "_")
+        if opt.conv in _REPEATABLE:
+            parser.add_argument(
+                f"--{opt.flag}", dest=opt.field, metavar=opt.flag.split("-")[-1].upper(),
+                action="append", help=f"{opt.help}; env {env}",
+            )  # fmt: skip
+            continue
         parser.add_argument(
             f"--{opt.flag}", dest=opt.field, metavar=opt.flag.split("-")[-1].upper(),
             nargs="?" if opt.conv is _bool else None, const="true" if opt.conv is _bool else None,
@@ -321,6 +378,8 @@ def build_config(args: argparse.Namespace, env: Mapping[str, str]) -> ProxyConfi
     for opt in SERVE_OPTIONS:
         env_key = ENV_PREFIX + opt.flag.upper().replace("-", "_")
         raw = getattr(args, opt.field, None)
+        if isinstance(raw, list):  # a repeatable flag: its values, in order
+            raw = ",".join(raw)
         key = f"--{opt.flag}"
         if raw is None and env_key in env:
             raw, key = env[env_key], env_key

@@ -26,6 +26,10 @@ import type {
 } from '@grafana/schema/dist/esm/raw/composable/heatmap/panelcfg/x/HeatmapPanelCfg_types.gen';
 import type { Options as StatOptions } from '@grafana/schema/dist/esm/raw/composable/stat/panelcfg/x/StatPanelCfg_types.gen';
 import type {
+  FieldConfig as TableFieldConfig,
+  Options as TableOptions,
+} from '@grafana/schema/dist/esm/raw/composable/table/panelcfg/x/TablePanelCfg_types.gen';
+import type {
   FieldConfig as TimeSeriesFieldConfig,
   Options as TimeSeriesOptions,
 } from '@grafana/schema/dist/esm/raw/composable/timeseries/panelcfg/x/TimeSeriesPanelCfg_types.gen';
@@ -81,8 +85,9 @@ export type PanelOf<Type extends string, Options, Custom> = Omit<
 export type TimeSeriesPanel = PanelOf<'timeseries', TimeSeriesOptions, TimeSeriesFieldConfig>;
 export type HeatmapPanel = PanelOf<'heatmap', HeatmapOptions, HeatmapFieldConfig>;
 export type StatPanel = PanelOf<'stat', StatOptions, Record<string, never>>;
+export type TablePanel = PanelOf<'table', TableOptions, TableFieldConfig>;
 /** Every panel kind the generator emits. */
-export type TypedPanel = TimeSeriesPanel | HeatmapPanel | StatPanel;
+export type TypedPanel = TimeSeriesPanel | HeatmapPanel | StatPanel | TablePanel;
 export type TypedRow = Omit<Json<RowPanel>, 'panels'> & { panels: TypedPanel[] };
 
 /** Grafana's built-in "Annotations & Alerts" query. */

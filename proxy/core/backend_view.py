@@ -80,6 +80,10 @@ class _Window:
         self.cost_ns = 0.0
 
 
+def _tenant_of(window: _Window) -> str:
+    return window.labels.tenant if window.labels is not None else ""
+
+
 class _Described:
     """What the app told about a request before it was forwarded."""
 
@@ -127,6 +131,8 @@ class BackendView:
         # finished stream's entry stays until the stalls pending at its end are decided
         self._named: dict[str, _Window | None] = {}
         self._retiring: deque[tuple[int, str]] = deque()  # (gaps appended by then, stream)
+        # stream -> its tenant, from forwarding until it is forgotten (only when labelled)
+        self._tenants: dict[str, str] = {}
         self._appended = 0  # gaps ever appended to _pending
         self._pending: deque[_Pending] = deque()
         self._unlabelled = RequestLabels("", "", backend)
@@ -166,6 +172,8 @@ class BackendView:
             if described is not None and not described.streamed:
                 return
             self._open[request_id] = _Window(request_id, forwarded_ns, described)
+            if described is not None and described.labels.tenant:
+                self._tenants[request_id] = described.labels.tenant
         except Exception:  # telemetry never breaks traffic
             log.exception("stall view: forwarded failed")
 
@@ -222,6 +230,7 @@ class BackendView:
                 self._retiring.append((self._appended, request_id))
             else:
                 self._named.pop(request_id, None)
+                self._tenants.pop(request_id, None)
             self._detector.close(request_id)
             self._advance(end_ns)  # it may have been the oldest stream holding a record back
         except Exception:
@@ -256,6 +265,7 @@ class BackendView:
             "active_streams": len(self._active),
             "named_streams": len(self._named),
             "retiring_streams": len(self._retiring),
+            "tenants": len(self._tenants),
             "pending_gaps": len(self._pending),
             "baselines": len(self._detector),
         }
@@ -300,7 +310,9 @@ class BackendView:
         retiring = self._retiring
         decided = self._appended - len(self._pending)
         while retiring and retiring[0][0] <= decided:
-            self._named.pop(retiring.popleft()[1], None)
+            request_id = retiring.popleft()[1]
+            self._named.pop(request_id, None)
+            self._tenants.pop(request_id, None)
 
     def _tol(self, baseline_ns: int) -> int:
         return min(self._tol_ns, baseline_ns // 2)
@@ -316,6 +328,8 @@ class BackendView:
             threshold_ns=stall.threshold_ns,
             cause=StallCause.PREFILL if culprits else StallCause.UNATTRIBUTED,
             culprits=tuple(w.request_id for w in culprits),
+            tenant=self._tenants.get(stall.request_id, ""),
+            culprit_tenant=_tenant_of(culprits[0]) if culprits else "",
         )
         excess_ns = max(0, stall.gap_ns - baseline_ns)
         named = self._named.get(stall.request_id)

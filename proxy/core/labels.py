@@ -1,6 +1,6 @@
 """Bounded label values from untrusted input.
 
-Model names: an allowlist, or the first N distinct names, then ``other``.
+Model names and tenants: an allowlist, or the first N distinct values, then ``other``.
 Error types an upstream reports in its stream: the first N distinct, then ``_OTHER``.
 """
 
@@ -40,6 +40,51 @@ class ModelLabeler:
             return OTHER
         self._seen.add(model)
         return model
+
+
+CREDENTIAL_HEADERS = frozenset(
+    {"authorization", "proxy-authorization", "api-key", "x-api-key", "cookie", "set-cookie"}
+)
+"""Request headers that carry credentials: never logged, never a label, never a tenant."""
+
+
+class TenantLabeler:
+    """Maps a tenant header's value to a label value with bounded cardinality.
+
+    With an allowlist, listed values pass and everything else is ``other``;
+    without one, the first ``limit`` distinct values pass, then ``other``. A
+    missing or empty value is ``unknown``; one longer than 128 characters or
+    with control characters is ``other``. ``folded`` counts the requests made
+    ``other``.
+    """
+
+    __slots__ = ("_allow", "_limit", "_seen", "folded")
+
+    def __init__(self, limit: int, allowlist: tuple[str, ...] = ()) -> None:
+        if limit < 0:
+            raise ValueError("tenant limit must be >= 0")
+        self._limit = limit
+        self._allow = frozenset(allowlist)
+        self._seen: set[str] = set()
+        self.folded = 0
+        """Requests whose tenant was folded into ``other`` so far."""
+
+    def label(self, value: str | None) -> str:
+        """The label value of the tenant ``value`` (a header's, as the client sent it)."""
+        if not value:
+            return UNKNOWN
+        if value in self._seen:
+            return value
+        if (
+            (self._allow and value not in self._allow)
+            or (not self._allow and len(self._seen) >= self._limit)
+            or len(value) > _MAX_NAME
+            or not value.isprintable()
+        ):
+            self.folded += 1
+            return OTHER
+        self._seen.add(value)
+        return value
 
 
 ERROR_OTHER = "_OTHER"

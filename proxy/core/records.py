@@ -51,6 +51,18 @@ class RequestLabels(NamedTuple):
     """``gen_ai.request.model`` after the cardinality bound (may be ``other``)."""
     backend: Backend
     """The upstream it went to."""
+    tenant: str = ""
+    """``tokenstamp.tenant`` after the cardinality bound; empty when tenants are not
+    labelled (no ``--tenant-header``)."""
+
+
+class SloSource(StrEnum):
+    """``tokenstamp.slo.source``: whose targets a request was judged against."""
+
+    REQUEST = "request"
+    """Its own (``x-slo-ttft-ms``, ``x-slo-tpot-ms``: a gateway's promise)."""
+    DEFAULT = "default"
+    """The proxy's (``--slo-ttft``, ``--slo-tpot``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +161,10 @@ class RequestRecord:
     """Terminal status the format reported (Responses ``completed``, ``incomplete``, ``failed``)."""
     terminal_seen: bool = False
     """The stream's terminal event arrived (``[DONE]``, ``message_stop``, ``done: true``, ...)."""
+    slo_ttft_s: float | None = None
+    """The request's own TTFT target (``x-slo-ttft-ms``), when it carried one."""
+    slo_tpot_s: float | None = None
+    """The request's own TPOT target (``x-slo-tpot-ms``), when it carried one."""
 
     @property
     def ttft_s(self) -> float | None:
@@ -213,6 +229,17 @@ class RequestRecord:
             return "unknown"
         return "hit" if self.cached_tokens > 0 else "miss"
 
+    def slo_judged(self, default_ttft_s: float, default_tpot_s: float) -> tuple[bool, SloSource]:
+        """Whether both SLOs were met, against the request's own targets where it carried
+        them (the defaults for the rest), and whose targets those were."""
+        own_ttft, own_tpot = self.slo_ttft_s, self.slo_tpot_s
+        source = SloSource.DEFAULT if own_ttft is None and own_tpot is None else SloSource.REQUEST
+        met = self.slo_met(
+            default_ttft_s if own_ttft is None else own_ttft,
+            default_tpot_s if own_tpot is None else own_tpot,
+        )
+        return met, source
+
     def slo_met(self, ttft_target_s: float, tpot_target_s: float) -> bool:
         """Both SLOs met: ended ``ok``, produced output within ``ttft_target_s``, and
         decoded within ``tpot_target_s`` per token (or had fewer than two tokens)."""
@@ -255,6 +282,10 @@ class StallRecord:
     """``prefill`` when culprits were found, else ``unattributed``."""
     culprits: tuple[str, ...]
     """Request ids of the culprits (empty when unattributed)."""
+    tenant: str = ""
+    """The stalled stream's tenant (empty when tenants are not labelled)."""
+    culprit_tenant: str = ""
+    """The first culprit's tenant (empty when unattributed or not labelled)."""
 
     @property
     def duration_s(self) -> float:

@@ -91,6 +91,8 @@ class StreamTimer:
         "response_id",
         "response_model",
         "response_status",
+        "slo_tpot_s",
+        "slo_ttft_s",
         "start_unix_ns",
         "stream_error",
         "streamed",
@@ -138,6 +140,10 @@ class StreamTimer:
         self.terminal_seen = False
         self.trace_id = ""
         """The sampled span's trace id (set by the tracing adapter): exemplars carry it."""
+        self.slo_ttft_s: float | None = None
+        """The request's own TTFT target, when it carried one (set by the edge)."""
+        self.slo_tpot_s: float | None = None
+        """The request's own TPOT target, when it carried one (set by the edge)."""
         sink.request_started(labels)
         self._record_gap: GapRecorder | None = None
         make = getattr(sink, "gap_recorder", None)
@@ -250,6 +256,8 @@ class StreamTimer:
             backend_timings=self.backend_timings,
             response_status=self.response_status,
             terminal_seen=self.terminal_seen,
+            slo_ttft_s=self.slo_ttft_s,
+            slo_tpot_s=self.slo_tpot_s,
         )
         self._sink.request_finished(record)
         return record

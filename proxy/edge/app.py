@@ -34,7 +34,7 @@ from aiohttp.typedefs import Handler
 from proxy.config import ProxyConfig
 from proxy.core.backend_view import BackendView
 from proxy.core.decoders.registry import Format, route
-from proxy.core.labels import ModelLabeler
+from proxy.core.labels import ModelLabeler, TenantLabeler
 from proxy.core.prompt_size import estimate_prompt_tokens
 from proxy.core.records import Backend, Outcome, RequestLabels, Sink
 from proxy.core.timing import StreamTimer, StreamWatcher, gap_targets
@@ -46,6 +46,7 @@ from proxy.edge.inbound import AiohttpInbound, Inbound, Refused, json_error
 from proxy.edge.pool import UpstreamPool
 from proxy.edge.request_head import unknown_coding, valid_host
 from proxy.edge.state import STATE, ProxyState
+from proxy.edge.tenancy import request_slo, tenant_of
 from proxy.edge.watchdog import Watchdogs
 
 if TYPE_CHECKING:
@@ -83,8 +84,22 @@ def _start_timer(
     client: Inbound, state: ProxyState, fmt: Format, body: dict[str, object] | None
 ) -> StreamTimer:
     model = None if body is None else fmt.request_model(body)
-    labels = RequestLabels(fmt.operation.value, state.labeler.label(model), state.backend)
+    headers = client.headers
+    tenant = tenant_of(headers, state.config, state.tenants)
+    labels = RequestLabels(fmt.operation.value, state.labeler.label(model), state.backend, tenant)
     request_model = model if isinstance(model, str) else ""
+    timer = _new_timer(client, state, labels, request_model, body)
+    timer.slo_ttft_s, timer.slo_tpot_s = request_slo(headers, state.config)
+    return timer
+
+
+def _new_timer(
+    client: Inbound,
+    state: ProxyState,
+    labels: RequestLabels,
+    request_model: str,
+    body: dict[str, object] | None,
+) -> StreamTimer:
     clock = state.clock
     if state.tracing is not None:
         return state.tracing.start_timer(
@@ -243,6 +258,11 @@ def create_app(
         clock=clock,
         backend=Backend(provider=config.provider, address=config.backend_label),
         labeler=ModelLabeler(config.model_label_limit, config.model_allowlist),
+        tenants=(
+            TenantLabeler(config.max_tenants, config.tenant_allowlist)
+            if config.tenant_headers
+            else None
+        ),
         watchdogs=Watchdogs(config.read_timeout_s),
         body_budget=BodyBudget(config.body_budget_bytes or default_budget(config.max_body_bytes)),
         watcher=watcher,

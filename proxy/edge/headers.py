@@ -11,6 +11,8 @@ from collections.abc import Iterable
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from proxy.core.labels import CREDENTIAL_HEADERS
+
 Headers = CIMultiDict[str] | CIMultiDictProxy[str]
 """Request headers as aiohttp parses them (a proxy) or as the front does (a dict)."""
 
@@ -45,9 +47,7 @@ FORWARDING = frozenset(
 )
 
 #: Headers that carry credentials: never logged, labelled or recorded.
-SECRET_HEADERS = frozenset(
-    {"authorization", "proxy-authorization", "api-key", "x-api-key", "cookie", "set-cookie"}
-)
+SECRET_HEADERS = CREDENTIAL_HEADERS
 
 
 def _connection_listed(headers: Headers) -> frozenset[str]:

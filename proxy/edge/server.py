@@ -25,11 +25,16 @@ from prometheus_client import CollectorRegistry
 
 from exporters.fanout import FanoutSink
 from exporters.otel import OtelMetricsSink
-from exporters.otel_budget import observe_body_budget
+from exporters.otel_edge import observe_body_budget, observe_tenant_overflow
 from exporters.otel_fit import OtelBackendFitGauges
 from exporters.otel_setup import OtelConfigError, Telemetry, build_telemetry
 from exporters.otel_spans import SpanRecorder
-from exporters.prometheus import BackendFitGauges, BodyBudgetMetrics, PrometheusSink
+from exporters.prometheus import (
+    BackendFitGauges,
+    BodyBudgetMetrics,
+    PrometheusSink,
+    TenantOverflowMetrics,
+)
 from proxy import hot_path_build
 from proxy.advisor.observations import AdvisorObservations, ObservationSink
 from proxy.advisor.web import Advisor, advice_routes
@@ -242,7 +247,7 @@ async def start_proxy(
         if telemetry is not None:
             tracer_provider, meter_provider = telemetry.tracer_provider, telemetry.meter_provider
     if sink is None:
-        prom = PrometheusSink(registry)
+        prom = PrometheusSink(registry, tenants=bool(config.tenant_headers))
         prom.slo_ttft_s = config.slo_ttft_s
         prom.slo_tpot_s = config.slo_tpot_s
         sink = prom
@@ -252,6 +257,7 @@ async def start_proxy(
             slo_ttft_s=config.slo_ttft_s,
             slo_tpot_s=config.slo_tpot_s,
             gaps=telemetry.gaps if telemetry is not None else None,
+            tenants=bool(config.tenant_headers),
         )
         sink = FanoutSink(sink, otel)
     timeline = None
@@ -296,6 +302,15 @@ async def start_proxy(
     BodyBudgetMetrics(registry, state.backend, read_budget)
     if meter_provider is not None:
         observe_body_budget(meter_provider, state.backend, read_budget)
+    tenants = state.tenants
+    if tenants is not None:
+
+        def folded() -> int:
+            return tenants.folded
+
+        TenantOverflowMetrics(registry, state.backend, folded)
+        if meter_provider is not None:
+            observe_tenant_overflow(meter_provider, state.backend, folded)
     if view is not None:
         _ = state.tasks.spawn(_flush_stalls(view, clock), name="tokenstamp-stall-flush")
     if tracing is not None and tracing.spans.linger_ns:

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from proxy.config import ProxyConfig
 from proxy.core.backend_view import BackendView
-from proxy.core.labels import ErrorKindLabeler, ModelLabeler
+from proxy.core.labels import ErrorKindLabeler, ModelLabeler, TenantLabeler
 from proxy.core.records import Backend, Sink
 from proxy.core.timing import GapTargets, StreamWatcher
 from proxy.edge.budget import BodyBudget
@@ -46,6 +46,8 @@ class ProxyState:
     """The read watchdog of every body being relayed (one timer for all)."""
     body_budget: BodyBudget
     """Request-body bytes held at once, across all connections (``--body-budget``)."""
+    tenants: TenantLabeler | None = None
+    """Bounded tenant labels (``--tenant-header``); ``None``: tenants are not labelled."""
     error_kinds: ErrorKindLabeler = field(default_factory=ErrorKindLabeler)
     """Bounded ``error.type`` values reported by the upstream in its stream."""
     watcher: StreamWatcher | None = None

@@ -7,7 +7,9 @@ streams, then long prompts whose prefills stall them), and checks that every
 dashboard query and every rule evaluates on real data, and that the panels
 that matter have data.
 
-Skipped until the proxy and the simulator exist.
+A second run puts the proxy in tenant mode (``--tenant-header``) with two
+tenants, one of them sending its own SLO targets, and checks the tenant panels
+and rules by tenant.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import json
 import math
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +29,7 @@ import aiohttp
 import pytest
 
 from dashboards import build, rules
+from dashboards.promql import NO_TENANT
 from tests.promserver import PrometheusServer, free_port
 
 
@@ -57,6 +61,7 @@ VARIABLES = {
     "$__range": "1m",
     "$backend": ".*",
     "$model": ".*",
+    "$tenant": ".*",
 }
 
 
@@ -99,8 +104,8 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-@pytest.fixture
-async def stack(tmp_path) -> AsyncIterator[tuple[str, PrometheusServer]]:
+@asynccontextmanager
+async def _running(tmp_path: Path, *proxy_args: str) -> AsyncIterator[tuple[str, PrometheusServer]]:
     """Simulator, proxy and Prometheus on free 127.0.0.1 ports; yields (proxy URL, prom)."""
     sim_port, proxy_port, admin_port = free_port(), free_port(), free_port()
     procs: list[subprocess.Popen[bytes]] = []
@@ -114,7 +119,7 @@ async def stack(tmp_path) -> AsyncIterator[tuple[str, PrometheusServer]]:
         procs.append(await _spawn(
             ["serve", "--upstream", f"http://127.0.0.1:{sim_port}",
              "--listen", f"127.0.0.1:{proxy_port}", "--admin", f"127.0.0.1:{admin_port}",
-             "--backend-name", "sim", "--provider", "vllm"], proxy_log,
+             "--backend-name", "sim", "--provider", "vllm", *proxy_args], proxy_log,
         ))  # fmt: skip
         await _wait_http(f"http://127.0.0.1:{admin_port}/healthz", procs[-1], proxy_log)
         rule_files = [DASHBOARDS / build.RECORDING_FILE, DASHBOARDS / build.ALERTS_FILE]
@@ -128,13 +133,25 @@ async def stack(tmp_path) -> AsyncIterator[tuple[str, PrometheusServer]]:
             _stop(proc)
 
 
-async def _load(base_url: str) -> None:
-    """Short streams decoding, then long prompts whose prefills stall them; bounded."""
+@pytest.fixture
+async def stack(tmp_path) -> AsyncIterator[tuple[str, PrometheusServer]]:
+    """The stack of ``_running`` with the proxy's defaults (no tenant labels)."""
+    async with _running(tmp_path) as running:
+        yield running
+
+
+async def _load(
+    base_url: str, short: Mapping[str, str] | None = None, long: Mapping[str, str] | None = None
+) -> None:
+    """Short streams decoding, then long prompts whose prefills stall them; bounded.
+
+    ``short`` and ``long``: request headers of the short streams and of the long prompts.
+    """
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=60)
 
-    async def stream(prompt_tokens: int | None) -> None:
+    async def stream(prompt_tokens: int | None, headers: Mapping[str, str] | None) -> None:
         extra = {"sim_prompt_tokens": prompt_tokens} if prompt_tokens else None
         chunks = await client.chat.completions.create(
             model="tokenstamp-sim",
@@ -142,24 +159,27 @@ async def _load(base_url: str) -> None:
             max_tokens=MAX_TOKENS,
             stream=True,
             extra_body=extra,
+            extra_headers=dict(headers or {}),
         )
         async for _ in chunks:
             pass
 
     async def long_prompt() -> None:
         await asyncio.sleep(0.3)  # let the short streams reach decode first
-        await stream(LONG_PROMPT_TOKENS)
+        await stream(LONG_PROMPT_TOKENS, long)
 
     try:
         await asyncio.gather(
-            *(stream(None) for _ in range(SHORT_STREAMS)),
+            *(stream(None, short) for _ in range(SHORT_STREAMS)),
             *(long_prompt() for _ in range(LONG_PROMPTS)),
         )
     finally:
         await client.close()
 
 
-def _dashboard_queries() -> list[tuple[str, str, str]]:
+def _dashboard_queries(
+    variables: Mapping[str, str] = VARIABLES,
+) -> list[tuple[str, str, str]]:
     """(dashboard, panel title, PromQL with Grafana's variables filled in)."""
     out = []
     for path in sorted((DASHBOARDS / "grafana").glob("*.json")):
@@ -173,7 +193,7 @@ def _dashboard_queries() -> list[tuple[str, str, str]]:
     filled = []
     for name, title, raw in out:
         expr = raw
-        for var, value in VARIABLES.items():
+        for var, value in variables.items():
             expr = expr.replace(var, value)
         assert "$" not in expr, f"{name} / {title}: unfilled variable in {expr}"
         filled.append((name, title, expr))
@@ -192,9 +212,13 @@ MUST_HAVE_DATA = [
     ("tokenstamp-serving-latency.json", "Requests by outcome"),
     ("tokenstamp-serving-latency.json", "Goodput"),
     ("tokenstamp-serving-latency.json", "Output tokens per second"),
+    # The proxy runs without --tenant-header: the tenant panels show one line for all.
+    ("tokenstamp-serving-latency.json", "Goodput by tenant"),
+    ("tokenstamp-serving-latency.json", "TTFT p90 by tenant"),
     ("tokenstamp-prefill-stutter.json", "Stalls per second by cause"),
     ("tokenstamp-prefill-stutter.json", "Streams stalled per prefill"),
     ("tokenstamp-prefill-stutter.json", "TTFT next to prefill stall rate"),
+    ("tokenstamp-prefill-stutter.json", "Who stalls whom"),
 ]
 
 
@@ -211,16 +235,25 @@ async def _requests_seen(prom: PrometheusServer, count: int) -> None:
     )
 
 
-async def test_every_dashboard_query_and_rule_works_on_real_data(stack):
-    base_url, prom = stack
+async def _two_waves(
+    base_url: str,
+    prom: PrometheusServer,
+    short: Mapping[str, str] | None = None,
+    long: Mapping[str, str] | None = None,
+) -> None:
     per_wave = SHORT_STREAMS + LONG_PROMPTS
     # Two waves: the first creates every series (a counter that appears with its
     # first increments already counted has no rate yet), the second moves them.
-    await _load(base_url)
+    await _load(base_url, short, long)
     await _requests_seen(prom, per_wave)
     await asyncio.sleep(1.5)  # at least one more scrape of the unchanged counters
-    await _load(base_url)
+    await _load(base_url, short, long)
     await _requests_seen(prom, 2 * per_wave)
+
+
+async def test_every_dashboard_query_and_rule_works_on_real_data(stack):
+    base_url, prom = stack
+    await _two_waves(base_url, prom)
     for template in (rules.STUTTER_SHARE, rules.TTFT_ERRORS, rules.TPOT_ERRORS):
         await prom.wait_for(rules.record_name(template, "5m"), bool, timeout_s=30)
 
@@ -244,3 +277,48 @@ async def test_every_dashboard_query_and_rule_works_on_real_data(stack):
     # The proxy is up: the target-down alert is not even pending.
     firing = await prom.query('ALERTS{alertname="TokenstampTargetDown"}')
     assert firing == []
+
+
+async def _panel(prom: PrometheusServer, title: str, tenant: str = ".*") -> list[dict[str, Any]]:
+    """Every sample of the panel ``title``'s queries, ``$tenant`` set to ``tenant``."""
+    variables = {**VARIABLES, "$tenant": tenant}
+    samples: list[dict[str, Any]] = []
+    for _, panel, expr in _dashboard_queries(variables):
+        if panel == title:
+            samples += await prom.query(expr)
+    return samples
+
+
+def _by(samples: list[dict[str, Any]], *labels: str) -> dict[tuple[str, ...], float]:
+    return {tuple(x["metric"].get(k, "") for k in labels): float(x["value"][1]) for x in samples}
+
+
+async def test_tenant_panels_and_rules_on_real_data(tmp_path):
+    """Tenant reader streams with its own SLO targets; tenant writer sends the long prompts."""
+    reader = {"x-tenant": "reader", "x-slo-ttft-ms": "60000", "x-slo-tpot-ms": "60000"}
+    writer = {"x-tenant": "writer"}
+    async with _running(tmp_path, "--tenant-header", "x-tenant") as (base_url, prom):
+        await _two_waves(base_url, prom, reader, writer)
+        await prom.wait_for(rules.record_name(rules.TENANT_GOODPUT_ERRORS, "5m"), bool)
+        for _, _title, expr in _dashboard_queries():
+            await prom.query(expr)  # raises on a PromQL error
+
+        goodput = _by(await _panel(prom, "Goodput by tenant"), "tokenstamp_tenant")
+        assert set(goodput) == {("reader",), ("writer",)}
+        # Targets of a minute: every one of reader's streams meets its own.
+        assert goodput[("reader",)] == 1
+        only = _by(await _panel(prom, "Goodput by tenant", "reader"), "tokenstamp_tenant")
+        assert set(only) == {("reader",)}
+        sources = _by(await _panel(prom, "Goodput by SLO source"), "tokenstamp_slo_source")
+        assert {("request",), ("default",)} <= set(sources)
+
+        whom = _by(
+            await _panel(prom, "Who stalls whom"), "tokenstamp_culprit_tenant", "tokenstamp_tenant"
+        )
+        assert (NO_TENANT, NO_TENANT) not in whom
+        assert whom.get(("writer", "reader"), 0) > 0, whom
+        cost = _by(await _panel(prom, "Stutter cost by culprit tenant"), "tokenstamp_tenant")
+        assert cost.get(("writer",), 0) > 0, cost
+
+        recorded = await prom.query(rules.record_name(rules.TENANT_GOODPUT_ERRORS, "5m"))
+        assert {x["metric"]["tokenstamp_tenant"] for x in recorded} == {"reader", "writer"}

@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from dashboards import build, promql, rules
+from dashboards import alerts, build, promql, rules
 from dashboards.config import BurnWindow, Config, Severity
 from dashboards.grafana import GRID_WIDTH, Phase
+from dashboards.promql import TENANT_MATCHER
 from exporters import names
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,11 +89,95 @@ def test_layout_ids_and_datasource(name):
             assert target["datasource"]["uid"] == "${datasource}"
     variables = [v["name"] for v in doc["templating"]["list"]]
     assert variables[:2] == ["datasource", "backend"]
+    assert variables[-1] == "tenant"
+
+
+@pytest.mark.parametrize("name", sorted(_dashboards()))
+def test_tenant_variable_matches_series_without_the_label(name):
+    """ "All" is ``.*``: it matches the empty value, so series without a tenant still show."""
+    tenant = _dashboards()[name]["templating"]["list"][-1]
+    assert tenant["query"].startswith(f"label_values({names.REQUESTS.prom_series}{{")
+    assert tenant["query"].endswith(", tokenstamp_tenant)")
+    assert 'server_address=~"$backend"' in tenant["query"]
+    assert (tenant["includeAll"], tenant["multi"], tenant["allValue"]) == (True, True, ".*")
+    assert re.fullmatch(tenant["allValue"], "")
+
+
+#: Instruments whose series carry ``tokenstamp_tenant`` with ``--tenant-header``: the
+#: request metrics, and the stall counter (the contract of ``names.tenant_attrs``).
+TENANT_LABELLED = {
+    inst.prom_name
+    for inst in names.ALL
+    if inst.attrs[: len(names.REQUEST_ATTRS)] == names.REQUEST_ATTRS or inst is names.STALLS
+}
+#: Panels that read such a series without the tenant filter, on purpose.
+TENANT_UNFILTERED = {
+    # Backend-wide: the decode step depends on every open stream, whoever's.
+    ("tokenstamp-prefill-stutter.json", "Step now, and with one chunk of prefill"),
+    # The tenant is fixed to "other" there.
+    ("tokenstamp-serving-latency.json", "Requests folded into other"),
+}
+_SELECTOR = re.compile(r"\b([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})")
+
+
+def _family(series: str) -> str:
+    for suffix in ("_bucket", "_sum", "_count", "_total"):
+        if series.endswith(suffix) and series.removesuffix(suffix) in TENANT_LABELLED:
+            return series.removesuffix(suffix)
+    return series
+
+
+@pytest.mark.parametrize("name", sorted(_dashboards()))
+def test_every_request_metric_query_is_filtered_by_tenant(name):
+    """The tenant variable reaches every panel query over a series that can carry a tenant."""
+    checked = 0
+    for panel in _panels(_dashboards()[name]):
+        for target in panel["targets"]:
+            for series, sel in _SELECTOR.findall(target["expr"]):
+                if _family(series) not in TENANT_LABELLED:
+                    continue
+                checked += 1
+                if (name, panel["title"]) in TENANT_UNFILTERED:
+                    assert TENANT_MATCHER not in sel, panel["title"]
+                else:
+                    assert TENANT_MATCHER in sel or 'tokenstamp_culprit_tenant=~"$tenant"' in sel, (
+                        f"{panel['title']}: {series}{sel}"
+                    )
+    assert checked > 10
+
+
+def test_tenant_panels():
+    latency = _dashboards()["tokenstamp-serving-latency.json"]
+    stutter = _dashboards()["tokenstamp-prefill-stutter.json"]
+    titles = {p["title"]: p for p in _panels(latency) + _panels(stutter)}
+    for title in ("Goodput by tenant", "Goodput by SLO source", "Tenant goodput burn rate",
+                  "TTFT p90 by tenant", "TPOT p90 by tenant", "Requests folded into other",
+                  "Who stalls whom", "Stutter cost by culprit tenant"):  # fmt: skip
+        assert title in titles, title
+    goodput = titles["Goodput by tenant"]["targets"][0]["expr"]
+    assert "sum by (tokenstamp_tenant)" in goodput
+    assert 'tokenstamp_slo="met"' in goodput
+    assert "label_replace(" in goodput  # one named line without tenants, not an empty legend
+    source = titles["Goodput by SLO source"]["targets"][0]["expr"]
+    assert "sum by (tokenstamp_slo_source)" in source
+    whom = titles["Who stalls whom"]
+    assert whom["type"] == "table"
+    (query,) = whom["targets"]
+    assert (query["instant"], query["range"], query["format"]) == (True, False, "table")
+    assert "sum by (tokenstamp_culprit_tenant, tokenstamp_tenant)" in query["expr"]
+    assert "increase(tokenstamp_stalls_total{" in query["expr"]
+    assert "[$__range]" in query["expr"]
+    cost = titles["Stutter cost by culprit tenant"]["targets"][0]["expr"]
+    assert "sum by (tokenstamp_tenant) (rate(tokenstamp_prefill_stutter_cost_seconds_total{" in cost
+    burn = titles["Tenant goodput burn rate"]["targets"][0]["expr"]
+    assert burn.startswith(rules.record_name(rules.TENANT_GOODPUT_ERRORS, "1h"))
 
 
 def test_serving_latency_variables_and_panels():
     doc = _dashboards()["tokenstamp-serving-latency.json"]
-    assert [v["name"] for v in doc["templating"]["list"]] == ["datasource", "backend", "model"]
+    assert [v["name"] for v in doc["templating"]["list"]] == [
+        "datasource", "backend", "model", "tenant",
+    ]  # fmt: skip
     exprs = "\n".join(t["expr"] for p in _panels(doc) for t in p["targets"])
     for inst in (names.TTFT, names.TPOT, names.GAP, names.MAX_GAP, names.DURATION,
                  names.PREFIX_CACHE_TTFT, names.TOKENS_PER_EVENT,
@@ -105,6 +190,7 @@ def test_serving_latency_variables_and_panels():
     assert 'gen_ai_request_model=~"$model"' in exprs
     assert "tokenstamp_prefix_cache" in exprs
     assert {p["type"] for p in _panels(doc)} == {"stat", "timeseries", "heatmap"}
+    assert 'tokenstamp_tenant=~"$tenant"' in exprs
 
 
 def test_prefill_stutter_thresholds_and_annotations():
@@ -154,10 +240,30 @@ def test_slo_rules_follow_the_config():
     assert 'le="2.5"' in rules.slo_rules(config)[0]["expr"]
 
 
+def test_tenant_rules_read_only_labelled_series_and_follow_the_config():
+    config = Config()
+    records = rules.tenant_slo_rules(config)
+    assert [r["record"] for r in records[: len(config.windows)]] == [
+        rules.record_name(rules.TENANT_GOODPUT_ERRORS, w) for w in config.windows
+    ]
+    for rule in records:
+        assert rule["expr"].count('tokenstamp_tenant!=""') == rule["expr"].count("{"), rule
+        assert "by (job, server_address, tokenstamp_tenant)" in rule["expr"]
+    assert {r["record"] for r in records} >= {
+        rules.record_name(rules.TENANT_SLO_REQUESTS, w) for w in config.long_windows
+    }
+    # Without a minimum of streams there is no guard, and no request-rate rules to feed it.
+    lax = replace(config, tenant_min_requests=0)
+    assert all("requests_slo:rate" not in r["record"] for r in rules.tenant_slo_rules(lax))
+    assert all(" >= " not in a["expr"] for a in alerts.tenant_alerts(lax))
+
+
 @pytest.mark.parametrize(
     ("change", "key"),
     [
         ({"ttft_objective": 1.0}, "ttft_objective"),
+        ({"tenant_goodput_objective": 0.0}, "tenant_goodput_objective"),
+        ({"tenant_min_requests": -1}, "tenant_min_requests"),
         ({"tpot_target_s": 10.0}, "tpot_target_s"),
         ({"worst_gap_threshold_s": 0.0}, "worst_gap_threshold_s"),
         ({"selector": '{job="x"}'}, "selector"),

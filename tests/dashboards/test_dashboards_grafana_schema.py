@@ -51,6 +51,9 @@ def _broken(committed: dict[str, Any]) -> dict[str, dict[str, Any]]:
     missing = copy.deepcopy(doc)
     del _first(missing, "heatmap")["options"]["yAxis"]
     cases["heatmap without yAxis"] = missing
+    small = copy.deepcopy(committed["tokenstamp-prefill-stutter.json"])
+    _first(small, "table")["options"]["cellHeight"] = "small"
+    cases["table cellHeight is not a TableCellHeight"] = small
     return cases
 
 
@@ -61,6 +64,7 @@ def _broken(committed: dict[str, Any]) -> dict[str, dict[str, Any]]:
         "drawStyle is not a GraphDrawStyle",
         "stat has no option 'sparkline'",
         "heatmap without yAxis",
+        "table cellHeight is not a TableCellHeight",
     ],
 )
 def test_a_broken_dashboard_fails_the_check(committed, case):

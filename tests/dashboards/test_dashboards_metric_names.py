@@ -1,4 +1,5 @@
-"""Every metric a dashboard or rule names is one the proxy exposes (or a recording rule)."""
+"""Every metric a dashboard or rule names is one the proxy exposes (or a recording rule),
+and every label it names is one those series carry."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from exporters import names
 from exporters.names import prometheus_series_names
 
 DASHBOARDS = Path(__file__).resolve().parents[2] / "dashboards"
@@ -195,3 +197,84 @@ def test_a_misspelt_metric_would_be_caught(tmp_path):
     broken = tmp_path / path.name
     broken.write_text(json.dumps(doc), encoding="utf-8")
     assert not _names_in(_dashboard_exprs(broken)) <= _known()
+
+
+#: Labels Prometheus adds to every series of a target, and the buckets' bound.
+PROMETHEUS_LABELS = frozenset({"job", "instance", "le"})
+_MATCHER = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)\s*(?:=~|!~|!=|=)\s*"')
+_SELECTOR = re.compile(r"([A-Za-z_:][A-Za-z0-9_:]*)?\{([^}]*)\}")
+_GROUP_LABELS = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)")
+
+
+def _series_labels() -> dict[str, frozenset[str]]:
+    """Every exposed sample name and the labels it may carry.
+
+    With ``--tenant-header`` the request metrics also carry the tenant, and the
+    stall counter the stalled stream's and the culprit's tenant (the contract
+    of the tenants change; ``names.tenant_attrs`` there).
+    """
+    tenant = names.label_name(names.TENANT)
+    culprit = names.label_name(names.CULPRIT_TENANT)
+    out: dict[str, frozenset[str]] = {}
+    for inst in names.ALL:
+        labels = set(inst.prom_labels) | PROMETHEUS_LABELS
+        if inst.attrs[: len(names.REQUEST_ATTRS)] == names.REQUEST_ATTRS:
+            labels.add(tenant)
+        if inst is names.STALLS:
+            labels |= {tenant, culprit}
+        for suffix in ("", "_bucket", "_sum", "_count", "_total", "_created"):
+            out[inst.prom_name + suffix] = frozenset(labels)
+    return out
+
+
+def label_uses(expr: str) -> tuple[list[tuple[str, str]], set[str]]:
+    """``(series, label)`` of every matcher, and the labels of grouping clauses."""
+    text = re.sub(r"\[[^\]]*\]", "[]", expr)
+    matched = [
+        (series or "", label)
+        for series, body in _SELECTOR.findall(text)
+        for label in _MATCHER.findall(body)
+    ]
+    grouped = {
+        label.strip() for body in _GROUP_LABELS.findall(text) for label in body.split(",")
+    } - {""}
+    return matched, grouped
+
+
+def test_label_parser():
+    matched, grouped = label_uses(
+        'sum by (le, a) (rate(x_bucket{b=~"1(\\\\.0)?", c!="}"}[5m])) / on (d) y{e="f"}'
+    )
+    assert matched == [("x_bucket", "b"), ("x_bucket", "c"), ("y", "e")]
+    assert grouped == {"le", "a", "d"}
+
+
+def _all_exprs() -> list[str]:
+    exprs = [r["expr"] for r in _rules()]
+    for path in DASHBOARD_FILES:
+        exprs += _dashboard_exprs(path)
+    return exprs
+
+
+def test_every_label_exists_on_its_series():
+    """A misspelt or misplaced label matches nothing and fails silently: catch it here."""
+    series = _series_labels()
+    anywhere = frozenset().union(*series.values())
+    unknown = []
+    for expr in _all_exprs():
+        matched, grouped = label_uses(expr)
+        for name, label in matched:
+            allowed = series.get(name, anywhere)  # recorded series keep exporter labels
+            if label not in allowed:
+                unknown.append(f"{name}{{{label}}}")
+        unknown += sorted(f"by ({label})" for label in grouped - anywhere)
+    assert not unknown, f"labels the exporter does not put there: {sorted(set(unknown))}"
+
+
+def test_a_misplaced_label_would_be_caught():
+    series = _series_labels()
+    stutter = names.STUTTER_COST.prom_series
+    (matched, _) = label_uses(f'{stutter}{{tokenstamp_culprit_tenant="a"}}')
+    assert matched == [(stutter, "tokenstamp_culprit_tenant")]
+    assert "tokenstamp_culprit_tenant" not in series[stutter]
+    assert "tokenstamp_culprit_tenant" in series[names.STALLS.prom_series]

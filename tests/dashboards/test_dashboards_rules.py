@@ -56,28 +56,53 @@ def test_promtool_unit_tests(promtool, path):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_promtool_unit_tests_catch_a_broken_rule(promtool, tmp_path):
-    """The unit tests would fail if a threshold drifted: they cannot pass vacuously."""
+def _run_broken(
+    promtool: str, tmp_path: Path, rel: str, old: str, new: str
+) -> subprocess.CompletedProcess[str]:
+    """Run every unit test against the rules with ``old`` replaced by ``new`` in file ``rel``."""
     (tmp_path / "prometheus").mkdir()
     (tmp_path / "tests").mkdir()
     for path in RULE_FILES:
         shutil.copy(path, tmp_path / "prometheus" / path.name)
-    alerts_file = tmp_path / build.ALERTS_FILE
-    text = alerts_file.read_text(encoding="utf-8")
-    broken = text.replace("ratio_rate5m > 0.05", "ratio_rate5m > 0.5")
+    rule_file = tmp_path / rel
+    text = rule_file.read_text(encoding="utf-8")
+    broken = text.replace(old, new)
     assert broken != text
-    alerts_file.write_text(broken, encoding="utf-8")
+    rule_file.write_text(broken, encoding="utf-8")
     for path in UNIT_TESTS:
         shutil.copy(path, tmp_path / "tests" / path.name)
-    result = subprocess.run(
+    return subprocess.run(
         [promtool, "test", "rules", *(p.name for p in UNIT_TESTS)],
         cwd=tmp_path / "tests",
         capture_output=True,
         text=True,
         timeout=90,
     )
+
+
+@pytest.mark.parametrize(
+    ("rel", "old", "new", "alert"),
+    [
+        # A threshold drifted.
+        (
+            build.ALERTS_FILE,
+            "ratio_rate5m > 0.05",
+            "ratio_rate5m > 0.5",
+            "TokenstampPrefillStutter",
+        ),
+        # The tenant rules read unlabelled series too: the tenant alert would
+        # duplicate the backend's SLO alerts without --tenant-header.
+        (build.RECORDING_FILE, ', tokenstamp_tenant!=""', "", "TokenstampTenantGoodputBudgetBurn"),
+        # No minimum of streams: a tenant with a handful of requests pages.
+        (build.ALERTS_FILE, " >= 100", " >= 0", "TokenstampTenantGoodputBudgetBurn"),
+    ],
+    ids=["threshold", "tenant-label", "tenant-minimum"],
+)
+def test_promtool_unit_tests_catch_a_broken_rule(promtool, tmp_path, rel, old, new, alert):
+    """The unit tests would fail if a rule drifted: they cannot pass vacuously."""
+    result = _run_broken(promtool, tmp_path, rel, old, new)
     assert result.returncode != 0
-    assert "TokenstampPrefillStutter" in result.stdout + result.stderr
+    assert alert in result.stdout + result.stderr
 
 
 def test_recording_rules_are_named_level_metric_operations():
@@ -135,10 +160,23 @@ def test_every_alert_is_unit_tested_firing_and_silent(name):
 
 
 @pytest.mark.parametrize("severity", ["critical", "warning"])
-@pytest.mark.parametrize("name", [alerts.TTFT_BURN, alerts.TPOT_BURN])
-def test_burn_alerts_exist_per_severity(name, severity):
+@pytest.mark.parametrize(
+    ("name", "ands"),
+    [(alerts.TTFT_BURN, 1), (alerts.TPOT_BURN, 1), (alerts.TENANT_GOODPUT_BURN, 2)],
+)
+def test_burn_alerts_exist_per_severity(name, ands, severity):
     rules = [r for r in _all_rules() if r.get("alert") == name]
     assert severity in {r["labels"]["severity"] for r in rules}
     rule = next(r for r in rules if r["labels"]["severity"] == severity)
-    # Multi-window: every condition pairs a long and a short window with "and".
-    assert rule["expr"].count(" and") + rule["expr"].count("\nand") == 2
+    # Multi-window: every condition pairs a long and a short window with "and"
+    # (the tenant alert also asks for enough streams in the long window).
+    assert rule["expr"].count(" and") + rule["expr"].count("\nand") == 2 * ands
+
+
+def test_tenant_alert_reads_only_per_tenant_rules():
+    """It keeps the tenant label, and never reads a rule that exists without tenants."""
+    for rule in (r for r in _all_rules() if r.get("alert") == alerts.TENANT_GOODPUT_BURN):
+        used = set(re.findall(r"[a-z_]+:[a-z_]+:[a-z_0-9]+", rule["expr"]))
+        assert used
+        assert all(name.startswith("server_address_tokenstamp_tenant:") for name in used)
+        assert "{{ $labels.tokenstamp_tenant }}" in rule["annotations"]["summary"]

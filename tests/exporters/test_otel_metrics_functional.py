@@ -132,7 +132,8 @@ async def _stream(session: aiohttp.ClientSession, url: str, i: int, max_tokens: 
         "stream": True,
         "max_tokens": max_tokens,
     }
-    async with session.post(url + "/v1/chat/completions", json=body) as resp:
+    headers = {"X-Tenant": f"team-{i % 2}"}  # labelled only with --tenant-header
+    async with session.post(url + "/v1/chat/completions", json=body, headers=headers) as resp:
         assert resp.status == 200
         await resp.read()
 
@@ -147,7 +148,10 @@ async def drive(proxy: RunningProxy) -> str:
             await asyncio.sleep(0.5)
             await _stream(session, url, -1, 3)
         body = {"model": "tokenstamp-sim", "messages": [{"role": "user", "content": "x"}]}
-        async with session.post(url + "/v1/chat/completions", json=body) as resp:
+        # A streams' tenant: the scrape holds a zero gap series for every label set it saw
+        # (the child is made at the request's start), OTLP only those that had a gap.
+        team = {"X-Tenant": "team-0"}
+        async with session.post(url + "/v1/chat/completions", json=body, headers=team) as resp:
             assert resp.status == 200
         async with session.post(url + "/v1/chat/completions", data=b"not json") as resp:
             await resp.read()
@@ -167,11 +171,14 @@ def config(upstream: str, **overrides: Any) -> ProxyConfig:
 
 
 @pytest.mark.timeout(60)
-async def test_in_memory_metrics_equal_the_prometheus_scrape(simulator_url):
+@pytest.mark.parametrize("tenants", [(), ("x-tenant",)], ids=["no-tenants", "tenants"])
+async def test_in_memory_metrics_equal_the_prometheus_scrape(simulator_url, tenants):
     reader = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader])
     proxy = await start_proxy(
-        config(simulator_url), registry=CollectorRegistry(), meter_provider=provider
+        config(simulator_url, tenant_headers=tenants),
+        registry=CollectorRegistry(),
+        meter_provider=provider,
     )
     try:
         scraped = await drive(proxy)
@@ -188,3 +195,5 @@ async def test_in_memory_metrics_equal_the_prometheus_scrape(simulator_url):
         names.UNOBSERVED.name, names.STREAMS_ACTIVE.name, names.STALLS.name,
         names.STALL_DURATION.name, names.STALLED_STREAMS.name, names.STUTTER_COST.name,
     }  # fmt: skip
+    assert (names.TENANTS_OVERFLOW.name in seen) == bool(tenants)
+    assert ('tokenstamp_tenant="team-1"' in scraped) == bool(tenants)

@@ -332,3 +332,14 @@ async def test_histograms_carry_the_sampled_trace_id_as_exemplar(upstream, trace
     async with aiohttp.ClientSession() as s:
         async with s.get(t.proxy.admin_url + "/metrics") as r:
             assert "trace_id" not in await r.text()
+
+
+async def test_the_span_carries_the_tenant_when_tenants_are_labelled(upstream, traced):
+    upstream.script = Script(vllm_like([0.01, 0.01], usage=True))
+    t = await traced(upstream.url, tenant_headers=("x-tenant",))
+    status, _, _ = await post(
+        t.proxy.url + "/v1/chat/completions", body(max_tokens=2), headers={"X-Tenant": "acme"}
+    )
+    assert status == 200
+    (span,) = await t.spans()
+    assert span.attributes["tokenstamp.tenant"] == "acme"

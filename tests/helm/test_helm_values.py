@@ -29,6 +29,11 @@ CONFIG_FLAGS = {
     "injectUsage": "inject-usage",
     "sloTtft": "slo-ttft",
     "sloTpot": "slo-tpot",
+    "sloTtftHeader": "slo-ttft-header",
+    "sloTpotHeader": "slo-tpot-header",
+    "tenantHeader": "tenant-header",
+    "tenantAllow": "tenant-allow",
+    "maxTenants": "max-tenants",
     "drainTimeout": "drain-timeout",
     "drainDelay": "drain-delay",
     "headerTimeout": "header-timeout",
@@ -111,6 +116,8 @@ def test_defaults_meet_the_schema_and_the_schema_rejects_unknown_keys(harness):
         {"config": {"maxBodyBytes": "ten"}},
         {"podMonitor": {"enabled": "yes"}},
         {"image": {"digest": "latest"}},
+        {"config": {"tenantHeader": ["Authorization"]}},  # a credential is never a label
+        {"config": {"tenantHeader": ["x tenant"]}},
     ):
         with pytest.raises(helm_python.HelmValuesError):
             harness.chart.validate_schema(bad)

@@ -28,6 +28,9 @@ from tests.reliability.procs import parse_metrics, rss_bytes
 MODELS = int(os.environ.get("TOKENSTAMP_ABUSE_MODELS", "10000"))
 """Distinct model names sent (CI: 10,000 in about 8 s; set 100000 for the full run)."""
 
+TENANTS = 10_000
+"""Distinct tenant values sent (the issue's bar)."""
+
 
 def _series(text: str) -> set[str]:
     return {line.rpartition(" ")[0] for line in text.splitlines() if line and line[0] != "#"}
@@ -78,6 +81,44 @@ async def test_distinct_model_names_produce_a_bounded_number_of_series(
     assert sum(parse_metrics(text)[k] for k in parse_metrics(text)
                if k.startswith("tokenstamp_requests_total{")) == sent  # fmt: skip
     figures.measures["distinct model names sent / series"] = f"{sent} / {len(late)}"
+
+
+async def test_distinct_tenants_add_at_most_n_plus_one_label_values(
+    upstream, proxy_factory, figures
+):
+    """10,000 distinct tenant values (``--tenant-header``, ``--max-tenants 20``): the first
+    20 and ``other``, never more, and the series stop growing; every request counted."""
+    answer = b'{"id":"x","object":"chat.completion","choices":[]}'
+    upstream.script = Script([(0, answer)], content_type="application/json")
+    p = await proxy_factory(upstream.url, tenant_headers=("x-tenant",), max_tenants=20)
+    payload = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as s:
+        sem = asyncio.Semaphore(64)
+
+        async def one(tenant: str) -> None:
+            async with sem, s.post(p.url + CHAT, json=payload,
+                                   headers={"X-Tenant": tenant}) as r:  # fmt: skip
+                assert r.status == 200
+                await r.read()
+
+        await asyncio.gather(*(one(f"tenant-{i}") for i in range(2000)))
+        async with s.get(p.admin_url + "/metrics") as r:
+            early = _series(await r.text())
+        await asyncio.gather(*(one(f"tenant-{i}") for i in range(2000, TENANTS)))
+        async with s.get(p.admin_url + "/metrics") as r:
+            text = await r.text()
+    late = _series(text)
+    tenants = {s.split('tokenstamp_tenant="')[1].split('"')[0] for s in late
+               if 'tokenstamp_tenant="' in s}  # fmt: skip
+    assert "other" in tenants
+    assert len(tenants) == 20 + 1
+    assert late == early, "series kept growing with new tenants"
+    metrics = parse_metrics(text)
+    assert sum(metrics[k] for k in metrics if k.startswith("tokenstamp_requests_total{")) == TENANTS
+    assert sum(metrics[k] for k in metrics
+               if k.startswith("tokenstamp_tenants_overflow_total")) == TENANTS - 20  # fmt: skip
+    figures.bad_inputs += TENANTS
+    figures.measures["distinct tenants sent / series"] = f"{TENANTS} / {len(late)}"
 
 
 async def test_body_over_the_limit_without_length_is_refused_early(

@@ -126,7 +126,8 @@ async def test_stream_bytes_exact_and_timing_recorded(upstream, proxy_factory):
     )
     assert ok == 1
     assert sample(p, "tokenstamp_streams_active") == 0
-    assert sample(p, "tokenstamp_requests_slo_total", tokenstamp_slo="met") == 1
+    assert sample(p, "tokenstamp_requests_slo_total", tokenstamp_slo="met",
+                  tokenstamp_slo_source="default") == 1  # fmt: skip
 
 
 async def test_usual_tokens_recognised_by_shape_count_as_the_parse_would(upstream, proxy_factory):

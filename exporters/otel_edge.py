@@ -1,7 +1,8 @@
-"""The request-body budget as OpenTelemetry instruments, observed at each collection.
+"""What the HTTP edge counts itself, as OpenTelemetry instruments observed at each collection.
 
-The same three as ``exporters.prometheus.BodyBudgetMetrics`` (names, units and
-attributes from ``exporters.names``): bytes held, the budget, refusals.
+The same as ``exporters.prometheus.BodyBudgetMetrics`` and ``TenantOverflowMetrics``
+(names, units and attributes from ``exporters.names``): the request-body budget's bytes
+held, its size and its refusals; the requests whose tenant was folded into ``other``.
 """
 
 from __future__ import annotations
@@ -39,4 +40,20 @@ def observe_body_budget(
     inst = names.BODY_REFUSED
     meter.create_observable_counter(
         inst.name, [one(2)], unit=inst.unit, description=inst.description
+    )
+
+
+def observe_tenant_overflow(
+    meter_provider: MeterProvider, backend: Backend, read: Callable[[], int]
+) -> None:
+    """Register ``tokenstamp.tenants.overflow`` (``read``: requests folded so far)."""
+    meter = meter_provider.get_meter(METER_NAME, __version__)
+    attrs = dict(zip(names.BACKEND_ATTRS, backend, strict=True))
+
+    def observe(options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(read(), attrs)]
+
+    inst = names.TENANTS_OVERFLOW
+    meter.create_observable_counter(
+        inst.name, [observe], unit=inst.unit, description=inst.description
     )
