@@ -193,6 +193,42 @@ ACCEPTANCE_LENGTH = Instrument(
     REQUEST_ATTRS,
     TOKENS_PER_EVENT_BUCKETS,
 )
+ANSWER_TTFT = Instrument(
+    "tokenstamp.time_to_first_answer_token",
+    Kind.HISTOGRAM,
+    "s",
+    "Time from the request's arrival to its first answer event (content, text or a tool call, "
+    "not reasoning): the wait a user of a reasoning model feels; observed live, at that event.",
+    REQUEST_ATTRS,
+    TTFT_BUCKETS,
+)
+REASONING_DURATION = Instrument(
+    "tokenstamp.reasoning.duration",
+    Kind.HISTOGRAM,
+    "s",
+    "Per request with a reasoning event: first reasoning event to the first answer event (to "
+    "the end when no answer came); observed at that answer event, or at the end.",
+    REQUEST_ATTRS,
+    TTFT_BUCKETS,
+)
+REASONING_TOKENS = Instrument(
+    "tokenstamp.reasoning.tokens",
+    Kind.HISTOGRAM,
+    "{token}",
+    "Per finished request with reasoning: reasoning tokens from usage "
+    "(completion_tokens_details.reasoning_tokens) when reported, else reasoning events.",
+    REQUEST_ATTRS,
+    TOKEN_BUCKETS,
+)
+TOOL_CALL_TTF = Instrument(
+    "tokenstamp.time_to_first_tool_call",
+    Kind.HISTOGRAM,
+    "s",
+    "Time from the request's arrival to its first tool-call event (what a calling program "
+    "waits for); observed live, at that event.",
+    REQUEST_ATTRS,
+    TTFT_BUCKETS,
+)
 STALL_DURATION = Instrument(
     "tokenstamp.stall.duration",
     Kind.HISTOGRAM,
@@ -331,6 +367,10 @@ ALL: tuple[Instrument, ...] = (
     QUEUE_TIME,
     TOKENS_PER_EVENT,
     ACCEPTANCE_LENGTH,
+    ANSWER_TTFT,
+    REASONING_DURATION,
+    REASONING_TOKENS,
+    TOOL_CALL_TTF,
     STALL_DURATION,
     STALLED_STREAMS,
     REQUESTS,

@@ -75,6 +75,9 @@ class ProxyConfig:
     """TTFT target for the SLO counter (goodput)."""
     slo_tpot_s: float = 0.1
     """TPOT target for the SLO counter (goodput)."""
+    slo_answer_ttft_s: float = 0.0
+    """Time-to-first-answer-token target for the SLO counter (what a reasoning model's user
+    waits for); 0: off, the SLO judges TTFT and TPOT only."""
     slo_ttft_header: str = "x-slo-ttft-ms"
     """Request header with the request's own TTFT target in milliseconds (the Gateway API
     Inference Extension's); a request that carries it is judged against it."""
@@ -292,6 +295,9 @@ SERVE_OPTIONS: tuple[_Opt, ...] = (
          "usage chunk again: true/false (default true)"),
     _Opt("slo-ttft", "slo_ttft_s", _positive(float), "TTFT target, seconds (default 2)"),
     _Opt("slo-tpot", "slo_tpot_s", _positive(float), "TPOT target, seconds (default 0.1)"),
+    _Opt("slo-answer-ttft", "slo_answer_ttft_s", _nonneg_float, "time-to-first-answer-token "
+         "target, seconds: a request also meets the SLO only when its first answer (not "
+         "reasoning) event came within it (default 0: off)"),
     _Opt("slo-ttft-header", "slo_ttft_header", _header, "request header carrying the request's "
          "own TTFT target in ms, judged instead of --slo-ttft (default x-slo-ttft-ms)"),
     _Opt("slo-tpot-header", "slo_tpot_header", _header, "request header carrying the request's "

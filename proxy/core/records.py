@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
+from enum import IntEnum, StrEnum
 from typing import NamedTuple, Protocol
 
 
@@ -54,6 +54,54 @@ class RequestLabels(NamedTuple):
     tenant: str = ""
     """``tokenstamp.tenant`` after the cardinality bound; empty when tenants are not
     labelled (no ``--tenant-header``)."""
+
+
+class Phase(StrEnum):
+    """Which phase of a request a live observation closes (``Sink.phase``)."""
+
+    ANSWER = "answer"
+    """The first answer event arrived: seconds since arrival (``t_answer - t0``)."""
+    REASONING = "reasoning"
+    """Reasoning ended: seconds from the first reasoning event to the first answer event
+    (or to the end of a request that only reasoned)."""
+    TOOL_CALL = "tool_call"
+    """The first tool-call event arrived: seconds since arrival."""
+
+
+class EventKind(IntEnum):
+    """What one output event is (``docs/formats.md``): both kinds are output events."""
+
+    ANSWER = 0
+    """Content, text, a tool-call delta: what the user or the calling program reads."""
+    REASONING = 1
+    """``reasoning_content``, ``reasoning``, thinking: decoded but not the answer."""
+    TOOL_CALL = 2
+    """A tool-call delta (an answer event that is also the first act of an agent)."""
+
+
+class ChoiceStats(NamedTuple):
+    """One choice of a request with several (``n > 1``): its own stream of output events."""
+
+    index: int
+    """The choice's ``index``."""
+    first_ns: int
+    """Its first output event."""
+    last_ns: int
+    """Its last output event."""
+    events: int
+    """Its output events."""
+    gap_count: int
+    """Its gaps (``events - 1``)."""
+    max_gap_ns: int
+    """Its worst gap (0 without gaps)."""
+
+    @property
+    def tpot_s(self) -> float | None:
+        """``(last - first) / (events - 1)``; ``None`` below two events (per-choice token
+        counts are not reported, so events stand for tokens)."""
+        if self.events < 2:
+            return None
+        return (self.last_ns - self.first_ns) / 1e9 / (self.events - 1)
 
 
 class SloSource(StrEnum):
@@ -165,6 +213,19 @@ class RequestRecord:
     """The request's own TTFT target (``x-slo-ttft-ms``), when it carried one."""
     slo_tpot_s: float | None = None
     """The request's own TPOT target (``x-slo-tpot-ms``), when it carried one."""
+    first_answer_ns: int | None = None
+    """``t_answer``: first answer event (content, text, tool call; not reasoning)."""
+    first_reasoning_ns: int | None = None
+    """First reasoning event."""
+    first_tool_call_ns: int | None = None
+    """First tool-call event."""
+    reasoning_events: int = 0
+    """Reasoning events seen (part of ``output_events``)."""
+    reported_reasoning_tokens: int | None = None
+    """``usage.completion_tokens_details.reasoning_tokens`` (or the format's own) when reported."""
+    choices: tuple[ChoiceStats, ...] = ()
+    """Per choice, when the stream carried more than one (``n > 1``); empty otherwise, and
+    then the request's own gaps, worst gap and TPOT are its one choice's."""
 
     @property
     def ttft_s(self) -> float | None:
@@ -172,6 +233,40 @@ class RequestRecord:
         if self.first_token_ns is None:
             return None
         return (self.first_token_ns - self.arrival_ns) / 1e9
+
+    @property
+    def answer_ttft_s(self) -> float | None:
+        """``t_answer - t0`` in seconds: the time to first answer token."""
+        if self.first_answer_ns is None:
+            return None
+        return (self.first_answer_ns - self.arrival_ns) / 1e9
+
+    @property
+    def tool_call_ttft_s(self) -> float | None:
+        """First tool-call event minus ``t0`` in seconds."""
+        if self.first_tool_call_ns is None:
+            return None
+        return (self.first_tool_call_ns - self.arrival_ns) / 1e9
+
+    @property
+    def reasoning_s(self) -> float | None:
+        """First reasoning event to the first answer event after it (to the end when no
+        answer followed); ``None`` without reasoning, or when the answer came first."""
+        start = self.first_reasoning_ns
+        if start is None:
+            return None
+        answer = self.first_answer_ns
+        if answer is None:
+            return (self.end_ns - start) / 1e9
+        return (answer - start) / 1e9 if answer >= start else None
+
+    @property
+    def reasoning_tokens(self) -> int | None:
+        """Reasoning tokens: the backend's count when reported, else reasoning events;
+        ``None`` for a request without reasoning."""
+        if self.reported_reasoning_tokens is not None:
+            return self.reported_reasoning_tokens
+        return self.reasoning_events or None
 
     @property
     def upstream_ttft_s(self) -> float | None:
@@ -204,7 +299,15 @@ class RequestRecord:
 
     @property
     def tpot_s(self) -> float | None:
-        """``(t_last - t1) / (n_out - 1)``; ``None`` below two output tokens."""
+        """``(t_last - t1) / (n_out - 1)``; ``None`` below two output tokens.
+
+        With several choices, the mean over the choices of each one's own TPOT (each
+        choice decodes one token per step, side by side): never the request's span
+        over all its tokens, which would count choices as if one followed the other.
+        """
+        if self.choices:
+            each = [t for c in self.choices if (t := c.tpot_s) is not None]
+            return sum(each) / len(each) if each else None
         n = self.output_tokens
         if self.first_token_ns is None or self.last_token_ns is None or n < 2:
             return None
@@ -229,22 +332,42 @@ class RequestRecord:
             return "unknown"
         return "hit" if self.cached_tokens > 0 else "miss"
 
-    def slo_judged(self, default_ttft_s: float, default_tpot_s: float) -> tuple[bool, SloSource]:
+    def slo_judged(
+        self,
+        default_ttft_s: float,
+        default_tpot_s: float,
+        answer_ttft_s: float | None = None,
+    ) -> tuple[bool, SloSource]:
         """Whether both SLOs were met, against the request's own targets where it carried
-        them (the defaults for the rest), and whose targets those were."""
+        them (the defaults for the rest), and whose targets those were.
+
+        ``answer_ttft_s`` (``--slo-answer-ttft``): also a target for the time to the
+        first answer token, when given.
+        """
         own_ttft, own_tpot = self.slo_ttft_s, self.slo_tpot_s
         source = SloSource.DEFAULT if own_ttft is None and own_tpot is None else SloSource.REQUEST
         met = self.slo_met(
             default_ttft_s if own_ttft is None else own_ttft,
             default_tpot_s if own_tpot is None else own_tpot,
+            answer_ttft_s,
         )
         return met, source
 
-    def slo_met(self, ttft_target_s: float, tpot_target_s: float) -> bool:
+    def slo_met(
+        self, ttft_target_s: float, tpot_target_s: float, answer_ttft_s: float | None = None
+    ) -> bool:
         """Both SLOs met: ended ``ok``, produced output within ``ttft_target_s``, and
-        decoded within ``tpot_target_s`` per token (or had fewer than two tokens)."""
+        decoded within ``tpot_target_s`` per token (or had fewer than two tokens).
+
+        With ``answer_ttft_s``, the first answer event must also have come within it: a
+        request that only reasoned never showed its user an answer, and missed.
+        """
         ttft = self.ttft_s
         tpot = self.tpot_s
+        if answer_ttft_s is not None:
+            answer = self.answer_ttft_s
+            if answer is None or answer > answer_ttft_s:
+                return False
         return (
             self.outcome is Outcome.OK
             and ttft is not None
