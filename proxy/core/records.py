@@ -79,10 +79,29 @@ class EventKind(IntEnum):
     """A tool-call delta (an answer event that is also the first act of an agent)."""
 
 
+CHOICE_SEP = " choice "
+"""Between a request id and a choice index in the stream id of a further choice (request ids
+hold no space, so the split is unambiguous)."""
+
+
+def choice_stream_id(request_id: str, choice: int) -> str:
+    """The stream id, for the stall view, of choice ``choice`` > 0 of a request (``n > 1``):
+    each choice is a stream of its own. Choice 0 is the request id itself."""
+    return f"{request_id}{CHOICE_SEP}{choice}"
+
+
+def split_stream_id(stream_id: str) -> tuple[str, int]:
+    """``(request id, choice)`` of a stream id (``choice_stream_id``); choice 0 for a plain id."""
+    request_id, sep, choice = stream_id.partition(CHOICE_SEP)
+    if sep and choice.isdigit():
+        return request_id, int(choice)
+    return stream_id, 0
+
+
 class ChoiceStats(NamedTuple):
     """One choice of a request with several (``n > 1``): its own stream of output events."""
 
-    index: int
+    choice: int
     """The choice's ``index``."""
     first_ns: int
     """Its first output event."""
@@ -409,6 +428,8 @@ class StallRecord:
     """The stalled stream's tenant (empty when tenants are not labelled)."""
     culprit_tenant: str = ""
     """The first culprit's tenant (empty when unattributed or not labelled)."""
+    choice: int = 0
+    """The stalled choice of the request (``n > 1``: each choice is a stream of its own)."""
 
     @property
     def duration_s(self) -> float:
