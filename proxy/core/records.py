@@ -281,9 +281,9 @@ class RequestRecord:
 
     @property
     def reasoning_tokens(self) -> int | None:
-        """Reasoning tokens: the backend's count when reported, else reasoning events;
-        ``None`` for a request without reasoning."""
-        if self.reported_reasoning_tokens is not None:
+        """Reasoning tokens: the backend's count when reported and not 0, else reasoning
+        events; ``None`` for a request without reasoning."""
+        if self.reported_reasoning_tokens:  # 0 is what OpenAI reports for no reasoning
             return self.reported_reasoning_tokens
         return self.reasoning_events or None
 
@@ -333,6 +333,22 @@ class RequestRecord:
         if self.output_events < 2:
             return None
         return (self.last_token_ns - self.first_token_ns) / 1e9 / (n - 1)
+
+    @property
+    def stream_tpots_s(self) -> tuple[float, ...]:
+        """One TPOT per stream: per choice with several choices, else the request's."""
+        if self.choices:
+            return tuple(t for c in self.choices if (t := c.tpot_s) is not None)
+        tpot = self.tpot_s
+        return () if tpot is None else (tpot,)
+
+    @property
+    def stream_max_gaps_s(self) -> tuple[float, ...]:
+        """One worst gap per stream with at least one gap: per choice with several, else the
+        request's (``tokenstamp.stream.max_gap``)."""
+        if self.choices:
+            return tuple(c.max_gap_ns / 1e9 for c in self.choices if c.gap_count)
+        return (self.max_gap_ns / 1e9,) if self.gap_count else ()
 
     @property
     def duration_s(self) -> float:
@@ -527,3 +543,21 @@ class Sink(Protocol):
 
     def prefill_done(self, record: PrefillRecord) -> None:
         """A request's prefill completed and the stalls it caused are all counted."""
+
+
+class PhaseSink(Protocol):
+    """What a ``Sink`` may also take (a sink without ``phase`` is not called for it)."""
+
+    def phase(
+        self,
+        labels: RequestLabels,
+        phase: Phase,
+        seconds: float,
+        request_id: str,
+        trace_id: str = "",
+    ) -> None:
+        """A phase of a stream closed, observed live once per request and phase (see
+        ``Phase``): the time to the first answer event and to the first tool call, and
+        reasoning's duration (at the first answer event, or at the end of a request that
+        only reasoned). ``trace_id`` as for ``Sink.first_token``. The record at the end
+        carries the same stamps: a sink must not count these a second time from it."""
