@@ -228,7 +228,9 @@ def test_rate_le_is_exact_on_a_bucket_and_interpolates_between():
 
 def test_slo_rules_follow_the_config():
     config = Config(
-        ttft_target_s=2.5, burn_windows=(BurnWindow("2h", "10m", 10, Severity.CRITICAL),)
+        ttft_target_s=2.5,
+        answer_ttft_target_s=7.5,
+        burn_windows=(BurnWindow("2h", "10m", 10, Severity.CRITICAL),),
     )
     records = [r["record"] for r in rules.slo_rules(config)]
     assert records == [
@@ -236,8 +238,14 @@ def test_slo_rules_follow_the_config():
         rules.record_name(rules.TTFT_ERRORS, "2h"),
         rules.record_name(rules.TPOT_ERRORS, "10m"),
         rules.record_name(rules.TPOT_ERRORS, "2h"),
+        rules.record_name(rules.ANSWER_TTFT_ERRORS, "10m"),
+        rules.record_name(rules.ANSWER_TTFT_ERRORS, "2h"),
     ]
     assert 'le="2.5"' in rules.slo_rules(config)[0]["expr"]
+    # The answer target is a bucket boundary: read exactly, never interpolated.
+    answer = rules.slo_rules(config)[4]["expr"]
+    assert f'{names.ANSWER_TTFT.prom_name}_bucket{{job="tokenstamp", le="7.5"}}' in answer
+    assert "*" not in answer
 
 
 def test_tenant_rules_read_only_labelled_series_and_follow_the_config():
@@ -262,6 +270,11 @@ def test_tenant_rules_read_only_labelled_series_and_follow_the_config():
     ("change", "key"),
     [
         ({"ttft_objective": 1.0}, "ttft_objective"),
+        ({"answer_ttft_objective": 0.0}, "answer_ttft_objective"),
+        # Not a bucket boundary: the rules would interpolate, the alert judge an estimate.
+        ({"answer_ttft_target_s": 3.0}, "answer_ttft_target_s"),
+        ({"answer_ttft_target_s": 100.0}, "answer_ttft_target_s"),
+        ({"answer_ttft_target_s": 1.0}, "answer_ttft_target_s"),  # below the TTFT target
         ({"tenant_goodput_objective": 0.0}, "tenant_goodput_objective"),
         ({"tenant_min_requests": -1}, "tenant_min_requests"),
         ({"tpot_target_s": 10.0}, "tpot_target_s"),
