@@ -227,10 +227,11 @@ MUST_HAVE_DATA = [
 #: Panels whose queries of an instrument are exempt from "has data" while that
 #: instrument has no series at all. The simulator has no reasoning profile yet: it
 #: streams content only, never reasoning or tool calls, so the reasoning and tool-call
-#: instruments stay empty on it (and this branch's exporter does not observe the
-#: answer histogram yet either). The queries must still evaluate; the moment a series
-#: of the instrument reaches Prometheus (a reasoning profile, the exporter wired up),
-#: they must show data like the panels above.
+#: instruments stay empty on it. The answer histogram fills with any traffic (every
+#: content event is an answer event) once the exporter observes it. The queries must
+#: always evaluate; the moment a series of the instrument reaches Prometheus, they
+#: must show data like the panels above. Give the simulator a reasoning profile and
+#: send reasoning here to end the exemption.
 NO_DATA_WITHOUT_REASONING = [
     ("tokenstamp-serving-latency.json", "TTFT and time to first answer p50 / p90",
      names.ANSWER_TTFT),
