@@ -19,6 +19,7 @@ from proxy.core.records import (
     Backend,
     RequestLabels,
     StallCause,
+    choice_stream_id,
 )
 from proxy.core.stall_detector import MedianWindow, StallDetector, StallSettings
 from tests.stallkit import StallRecorder
@@ -464,3 +465,34 @@ def test_prometheus_sink_writes_the_four_stall_instruments():
     assert value(names.STALLED_STREAMS, "_sum", **request) == 3
     assert value(names.STUTTER_COST, "_total", **request) == pytest.approx(3 * 0.143)
     assert names.STUTTER_COST.prom_series == "tokenstamp_prefill_stutter_cost_seconds_total"
+
+
+def test_each_choice_is_a_stream_and_its_stall_names_the_request():
+    """n = 2: choice 1 reaches the view as a stream of its own id; its stall is reported
+    with the request's id (the span's), its choice and the request's tenant."""
+    view, sink = make_view()
+    view.describe("a", LABELS._replace(tenant="acme"))
+    view.forwarded("a", 0)
+    view.first_token("a", 10 * MS)
+    streams = Streams(view, 8)
+    second = choice_stream_id("a", 1)
+    last = {"a": 10 * MS, second: 12 * MS}
+
+    def step(duration_ns: int | None = None) -> int:
+        end = streams.step(duration_ns)
+        for rid, before in last.items():
+            view.gap(rid, before, end)
+            last[rid] = end
+        return end
+
+    for _ in range(20):
+        step()
+    view.forwarded("long", streams.now + 3 * MS)
+    end = step(168 * MS)
+    streams.join("long", end + 2 * MS)
+    for _ in range(3):
+        step()
+    mine = sorted((s.request_id, s.choice, s.tenant) for s in sink.stalls if s.request_id == "a")
+    assert mine == [("a", 0, "acme"), ("a", 1, "acme")]
+    assert all(s.culprits == ("long",) for s in sink.stalls)
+    assert sink.prefill("long").stalled_streams == 8 + 2

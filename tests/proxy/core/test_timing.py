@@ -5,8 +5,17 @@ from __future__ import annotations
 import pytest
 
 from proxy.core.decoders.openai import ChunkInfo, Usage
-from proxy.core.records import Backend, Outcome, RequestLabels, RequestRecord
-from proxy.core.timing import StreamTimer, gap_targets
+from proxy.core.records import (
+    Backend,
+    EventKind,
+    Outcome,
+    Phase,
+    RequestLabels,
+    RequestRecord,
+    choice_stream_id,
+    split_stream_id,
+)
+from proxy.core.timing import MAX_CHOICES, StreamTimer, gap_targets
 from proxy.timeline.tokenlog import FanoutWatcher
 
 MS = 1_000_000
@@ -182,3 +191,105 @@ def test_timers_given_the_proxys_gap_targets_call_them_and_nothing_else():
     gaps = [[c[1] // MS for c in w.calls if c[0] == "gap"] for w in (second, third, other)]
     assert gaps == [[10, 20], [10, 20], []]
     assert gap_targets(None) == ()
+
+
+class PhaseRecorder(Recorder):
+    def __init__(self) -> None:
+        super().__init__()
+        self.phases: list[tuple] = []
+
+    def phase(self, labels, phase, seconds, request_id, trace_id=""):
+        self.phases.append((phase, seconds))
+
+
+class IdWatch(Watch):
+    """Names the stream of every call (a choice > 0 is a stream of its own)."""
+
+    def first_token(self, rid, ns):
+        self.calls.append(("first", rid, ns))
+
+    def gap(self, rid, a, b):
+        self.calls.append(("gap", rid, a, b))
+
+    def finished(self, rid, ns):
+        self.calls.append(("finished", rid, ns))
+
+
+def test_two_choices_are_two_streams():
+    """n = 2, interleaved every 10 ms: each choice's gaps are 20 ms; choice 1 is its own
+    stream for the stall view; TTFT once, at the first event of either."""
+    sink, watch = PhaseRecorder(), IdWatch()
+    t = StreamTimer("r1", LABELS, arrival_ns=0, start_unix_ns=0, sink=sink, watcher=watch)
+    for i in range(6):
+        t.chunk(ChunkInfo(output=True, choice=i % 2), (100 + 10 * i) * MS)
+    rec = t.finish(200 * MS, Outcome.OK, 200)
+    assert len(sink.first_tokens) == 1
+    assert sink.first_tokens[0][0] == pytest.approx(0.100)
+    assert sink.gaps == pytest.approx([0.020] * 4)
+    assert rec.gap_count == 4
+    assert rec.output_events == 6
+    assert rec.max_gap_ns == 20 * MS
+    assert rec.last_token_ns == 150 * MS
+    assert [(c.choice, c.events, c.tpot_s) for c in rec.choices] == [
+        (0, 3, pytest.approx(0.020)), (1, 3, pytest.approx(0.020))
+    ]  # fmt: skip
+    assert rec.tpot_s == pytest.approx(0.020)
+    assert rec.stream_tpots_s == pytest.approx((0.020, 0.020))
+    assert rec.stream_max_gaps_s == pytest.approx((0.020, 0.020))
+    stream1 = choice_stream_id("r1", 1)
+    assert ("first", "r1", 100 * MS) in watch.calls
+    assert ("gap", "r1", 100 * MS, 120 * MS) in watch.calls
+    assert ("gap", stream1, 110 * MS, 130 * MS) in watch.calls
+    assert ("finished", stream1, 200 * MS) in watch.calls
+    assert split_stream_id(stream1) == ("r1", 1)
+    assert split_stream_id("r1") == ("r1", 0)
+
+
+def test_phases_reasoning_then_answer_then_a_tool_call():
+    sink = PhaseRecorder()
+    t = StreamTimer("r1", LABELS, arrival_ns=0, start_unix_ns=0, sink=sink)
+    t.reasoning(100 * MS)
+    t.reasoning(120 * MS)
+    t.chunk(ChunkInfo(output=True, kind=EventKind.ANSWER), 400 * MS)
+    t.chunk(ChunkInfo(output=True, kind=EventKind.TOOL_CALL), 500 * MS)
+    t.token(520 * MS)
+    t.chunk(ChunkInfo(output=False, usage=Usage(3, 9, None, reasoning_tokens=2)), 530 * MS)
+    rec = t.finish(600 * MS, Outcome.OK, 200)
+    assert sink.first_tokens[0][0] == pytest.approx(0.100)
+    assert sink.phases == [
+        (Phase.ANSWER, pytest.approx(0.400)),
+        (Phase.REASONING, pytest.approx(0.300)),
+        (Phase.TOOL_CALL, pytest.approx(0.500)),
+    ]
+    assert rec.answer_ttft_s == pytest.approx(0.400)
+    assert rec.reasoning_s == pytest.approx(0.300)
+    assert rec.tool_call_ttft_s == pytest.approx(0.500)
+    assert rec.reasoning_tokens == 2
+    assert rec.reasoning_events == 2
+    assert rec.output_events == 5
+    assert rec.gap_count == 4
+    assert rec.choices == ()
+
+
+def test_a_request_that_only_reasons_reports_reasoning_at_its_end():
+    sink = PhaseRecorder()
+    t = StreamTimer("r1", LABELS, arrival_ns=0, start_unix_ns=0, sink=sink)
+    for s in (100, 110, 120):
+        t.reasoning(s * MS)
+    t.chunk(ChunkInfo(output=False, usage=Usage(3, 3, None, reasoning_tokens=0)), 125 * MS)
+    rec = t.finish(130 * MS, Outcome.OK, 200)
+    assert sink.phases == [(Phase.REASONING, pytest.approx(0.030))]
+    assert rec.answer_ttft_s is None
+    assert rec.reasoning_tokens == 3  # a reported 0 means "none reported": the events count
+    assert rec.slo_met(1.0, 1.0)
+    assert not rec.slo_met(1.0, 1.0, answer_ttft_s=10.0)  # it never answered
+
+
+def test_many_choices_are_bounded():
+    sink = PhaseRecorder()
+    t = StreamTimer("r1", LABELS, arrival_ns=0, start_unix_ns=0, sink=sink)
+    for i in range(MAX_CHOICES + 50):
+        t.chunk(ChunkInfo(output=True, choice=i + 1), (100 + i) * MS)
+    rec = t.finish(10_000 * MS, Outcome.OK, 200)
+    assert len(rec.choices) == MAX_CHOICES + 1  # the rest counted as choice 0's
+    assert rec.output_events == MAX_CHOICES + 50
