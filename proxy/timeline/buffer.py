@@ -9,6 +9,10 @@ window, and turns them into JSON-ready feed messages: a full snapshot for a
 new reader, then deltas holding only what changed since that reader's last
 message (``TimelineCursor``).
 
+A reasoning model's stream has two phases, thinking then answering: a finished
+request's record says where they meet (its first reasoning and first answer
+events), and the page colours each stream's two parts apart from that.
+
 Memory is bounded by count whatever the traffic (``TimelineSettings``: streams,
 stamps per stream, stalls, prefills) and trimmed by time whenever a stream
 starts or a feed message is built. Only metadata is kept: request id, model,
@@ -63,6 +67,8 @@ class _Stream:
     """One stream's stamps and metadata."""
 
     __slots__ = (
+        "answer_ns",
+        "answer_ttft_ns",
         "end_ns",
         "first_token_ns",
         "forwarded_ns",
@@ -72,6 +78,9 @@ class _Stream:
         "prefill",
         "prompt_estimated",
         "prompt_tokens",
+        "reasoning_ns",
+        "reasoning_s",
+        "reasoning_tokens",
         "request_id",
         "stalls",
         "ticks",
@@ -97,6 +106,11 @@ class _Stream:
         self.outcome = ""
         self.stalls = 0  # stalls this stream suffered
         self.prefill: PrefillRecord | None = None
+        self.reasoning_ns: int | None = None  # first reasoning event
+        self.answer_ns: int | None = None  # first answer event
+        self.answer_ttft_ns: int | None = None
+        self.reasoning_s: float | None = None
+        self.reasoning_tokens: int | None = None
         self.version = 0  # bumped on every metadata change
 
 
@@ -185,7 +199,8 @@ class TimelineBuffer:
     # -- what the Sink face passes on --------------------------------------------------
 
     def request_finished(self, record: RequestRecord) -> None:
-        """Take a finished request's metadata (model, usage prompt tokens, TTFT, outcome)."""
+        """Take a finished request's metadata (model, usage prompt tokens, TTFT, outcome, and
+        where its reasoning and its answer began)."""
         s = self._streams.get(record.request_id)
         if s is None:
             return
@@ -197,6 +212,12 @@ class TimelineBuffer:
             s.prompt_tokens, s.prompt_estimated = record.prompt_tokens, False
         if record.first_token_ns is not None:
             s.ttft_ns = record.first_token_ns - record.arrival_ns
+        s.reasoning_ns = record.first_reasoning_ns
+        s.answer_ns = record.first_answer_ns
+        if record.first_answer_ns is not None:
+            s.answer_ttft_ns = record.first_answer_ns - record.arrival_ns
+        s.reasoning_s = record.reasoning_s
+        s.reasoning_tokens = record.reasoning_tokens
         s.outcome = record.outcome.value
         s.worst_gap_ns = max(s.worst_gap_ns, record.max_gap_ns)
         s.version += 1
@@ -326,6 +347,11 @@ class TimelineBuffer:
             "prompt_estimated": s.prompt_estimated,
             "ttft_ms": _ms(s.ttft_ns),
             "upstream_ttft_ms": _ms(upstream_ttft_ns),
+            "reasoning_us": self._opt_us(s.reasoning_ns),
+            "answer_us": self._opt_us(s.answer_ns),
+            "answer_ttft_ms": _ms(s.answer_ttft_ns),
+            "reasoning_ms": None if s.reasoning_s is None else round(s.reasoning_s * 1000, 3),
+            "reasoning_tokens": s.reasoning_tokens,
             "worst_gap_ms": _ms(s.worst_gap_ns),
             "outcome": s.outcome,
             "stalls": s.stalls,
