@@ -12,11 +12,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import cast
 
 from proxy.core.ratelog import RateLimitedLog
 from proxy.core.records import (
     Backend,
     GapRecorder,
+    Phase,
+    PhaseSink,
     PrefillRecord,
     RequestLabels,
     RequestRecord,
@@ -80,7 +83,7 @@ class FanoutSink:
     Nested fan-outs are flattened. Per gap the cost is one loop over the sinks.
     """
 
-    __slots__ = ("_gap_sinks", "errors", "sinks")
+    __slots__ = ("_gap_sinks", "_phase_sinks", "errors", "sinks")
 
     def __init__(self, *sinks: Sink, errors: ErrorLog | None = None) -> None:
         flat: list[Sink] = []
@@ -90,10 +93,12 @@ class FanoutSink:
         """The sinks, called in this order."""
         # Per token only the sinks that take gaps (see ``Sink``'s ``takes_gaps``).
         self._gap_sinks = tuple(s for s in flat if getattr(s, "takes_gaps", True))
+        # Only the sinks that take phases (``Sink.phase`` is optional).
+        self._phase_sinks = tuple(cast(PhaseSink, s) for s in flat if hasattr(s, "phase"))
         self.errors = errors if errors is not None else ErrorLog()
         """Where failures are counted and logged."""
 
-    def _failed(self, sink: Sink, method: str, exc: Exception) -> None:
+    def _failed(self, sink: Sink | PhaseSink, method: str, exc: Exception) -> None:
         self.errors.record(f"{type(sink).__name__}.{method} raised {type(exc).__name__}", exc)
 
     def request_started(self, labels: RequestLabels) -> None:
@@ -118,6 +123,21 @@ class FanoutSink:
                 sink.first_token(labels, ttft_s, upstream_ttft_s, request_id, trace_id)
             except Exception as exc:
                 self._failed(sink, "first_token", exc)
+
+    def phase(
+        self,
+        labels: RequestLabels,
+        phase: Phase,
+        seconds: float,
+        request_id: str,
+        trace_id: str = "",
+    ) -> None:
+        """Fan out ``phase`` to the sinks that take it."""
+        for sink in self._phase_sinks:
+            try:
+                sink.phase(labels, phase, seconds, request_id, trace_id)
+            except Exception as exc:
+                self._failed(sink, "phase", exc)
 
     def gap(self, labels: RequestLabels, gap_s: float, request_id: str, trace_id: str = "") -> None:
         """Fan out ``gap`` (the trace id only when there is one, as the timer does)."""

@@ -23,7 +23,14 @@ from exporters import names
 from exporters.otel_gaps import GapHistograms
 from exporters.prometheus import request_label_values, stall_tenants, status_class
 from proxy import __version__
-from proxy.core.records import Backend, PrefillRecord, RequestLabels, RequestRecord, StallRecord
+from proxy.core.records import (
+    Backend,
+    Phase,
+    PrefillRecord,
+    RequestLabels,
+    RequestRecord,
+    StallRecord,
+)
 
 METER_NAME = "tokenstamp"
 """Instrumentation scope of every tokenstamp instrument."""
@@ -70,6 +77,7 @@ class OtelMetricsSink:
         *,
         slo_ttft_s: float = float("inf"),
         slo_tpot_s: float = float("inf"),
+        slo_answer_ttft_s: float | None = None,
         gaps: GapHistograms | None = None,
         tenants: bool = False,
     ) -> None:
@@ -85,11 +93,19 @@ class OtelMetricsSink:
         """TTFT target for ``tokenstamp.requests.slo``."""
         self.slo_tpot_s = slo_tpot_s
         """TPOT target for ``tokenstamp.requests.slo``."""
+        self.slo_answer_ttft_s = slo_answer_ttft_s
+        """Time-to-first-answer target for ``tokenstamp.requests.slo`` (``None``: off)."""
         self._ttft = histogram(meter, names.TTFT)
         self._cache_ttft = histogram(meter, names.PREFIX_CACHE_TTFT)
         self._queue_time = histogram(meter, names.QUEUE_TIME)
         self._tokens_per_event = histogram(meter, names.TOKENS_PER_EVENT)
         self._acceptance = histogram(meter, names.ACCEPTANCE_LENGTH)
+        self._reasoning_tokens = histogram(meter, names.REASONING_TOKENS)
+        self._phases = {
+            Phase.ANSWER: histogram(meter, names.ANSWER_TTFT),
+            Phase.REASONING: histogram(meter, names.REASONING_DURATION),
+            Phase.TOOL_CALL: histogram(meter, names.TOOL_CALL_TTF),
+        }
         self._tpot = histogram(meter, names.TPOT)
         self._gap = histogram(meter, names.GAP)
         self._duration = histogram(meter, names.DURATION)
@@ -129,6 +145,17 @@ class OtelMetricsSink:
     ) -> None:
         """The live TTFT."""
         self._ttft.record(ttft_s, self._attrs(labels))
+
+    def phase(
+        self,
+        labels: RequestLabels,
+        phase: Phase,
+        seconds: float,
+        request_id: str,
+        trace_id: str = "",
+    ) -> None:
+        """A phase closed live: time to first answer or tool call, or reasoning's duration."""
+        self._phases[phase].record(seconds, self._attrs(labels))
 
     def gap(self, labels: RequestLabels, gap_s: float, request_id: str, trace_id: str = "") -> None:
         """One inter-token gap."""
@@ -176,12 +203,14 @@ class OtelMetricsSink:
         timings = record.backend_timings
         if timings is not None and timings.acceptance_length is not None:
             self._acceptance.record(timings.acceptance_length, base)
-        tpot = record.tpot_s
-        if tpot is not None:
+        reasoning = record.reasoning_tokens
+        if reasoning is not None:
+            self._reasoning_tokens.record(reasoning, base)
+        for tpot in record.stream_tpots_s:
             self._tpot.record(tpot, base)
-        if record.gap_count:
-            self._max_gap.record(record.max_gap_s, base)
-        met, source = record.slo_judged(self.slo_ttft_s, self.slo_tpot_s)
+        for gap in record.stream_max_gaps_s:
+            self._max_gap.record(gap, base)
+        met, source = record.slo_judged(self.slo_ttft_s, self.slo_tpot_s, self.slo_answer_ttft_s)
         slo = attributes(names.SLO_REQUESTS, *values, "met" if met else "missed", source.value,
                          tenants=t)  # fmt: skip
         self._slo.add(1, slo)

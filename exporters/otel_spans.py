@@ -50,6 +50,11 @@ FINISH_REASONS = "gen_ai.response.finish_reasons"
 INPUT_TOKENS = "gen_ai.usage.input_tokens"
 OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
 CACHE_READ_TOKENS = "gen_ai.usage.cache_read.input_tokens"
+REASONING_TOKENS = "gen_ai.usage.reasoning.output_tokens"
+"""The GenAI conventions' reasoning share of the output tokens (the usage count when the
+backend reported one, else reasoning events)."""
+CHOICES = "tokenstamp.stream.choices"
+"""Choices streamed apart (n > 1), when there were several."""
 TIME_TO_FIRST_CHUNK = "gen_ai.response.time_to_first_chunk"
 INPUT_MESSAGES = "gen_ai.input.messages"
 OUTPUT_MESSAGES = "gen_ai.output.messages"
@@ -71,6 +76,10 @@ REQUEST_ID = "tokenstamp.request.id"
 TTFT = "tokenstamp.time_to_first_token"
 UPSTREAM_TTFT = "tokenstamp.upstream.time_to_first_token"
 TPOT = "tokenstamp.time_per_output_token"
+ANSWER_TTFT = "tokenstamp.time_to_first_answer_token"
+REASONING_DURATION = "tokenstamp.reasoning.duration"
+REASONING_EVENTS = "tokenstamp.reasoning.events"
+TOOL_CALL_TTFT = "tokenstamp.time_to_first_tool_call"
 MAX_GAP = "tokenstamp.stream.max_gap"
 GAPS = "tokenstamp.stream.gaps"
 """Inter-token gaps of the stream (count)."""
@@ -101,6 +110,8 @@ LINK_KIND = "tokenstamp.link"
 """On a link: ``stall_culprit``."""
 # Event names.
 FIRST_TOKEN_EVENT = "tokenstamp.first_token"
+FIRST_ANSWER_EVENT = "tokenstamp.first_answer_token"
+FIRST_TOOL_CALL_EVENT = "tokenstamp.first_tool_call"
 STALL_EVENT = "tokenstamp.stall"
 STUTTER_EVENT = "tokenstamp.prefill.stutter"
 
@@ -199,6 +210,8 @@ def finish_attributes(record: RequestRecord) -> dict[str, Any]:
     if tpot is not None and record.streamed:
         out[TPOT] = tpot
     if record.streamed:
+        out.update(phase_attributes(record))
+    if record.streamed:
         out[GAPS] = record.gap_count
         out[MAX_GAP] = record.max_gap_s
     per_event = record.tokens_per_event
@@ -210,6 +223,25 @@ def finish_attributes(record: RequestRecord) -> dict[str, Any]:
         queue = record.queue_time_s
         if queue is not None:
             out[QUEUE_TIME] = queue
+    return out
+
+
+def phase_attributes(record: RequestRecord) -> dict[str, Any]:
+    """A streamed request's reasoning and answer figures, the ones it has."""
+    out: dict[str, Any] = {}
+    pairs = (
+        (ANSWER_TTFT, record.answer_ttft_s),
+        (REASONING_DURATION, record.reasoning_s),
+        (TOOL_CALL_TTFT, record.tool_call_ttft_s),
+        (REASONING_TOKENS, record.reasoning_tokens),
+    )
+    for key, value in pairs:
+        if value is not None:
+            out[key] = value
+    if record.reasoning_events:
+        out[REASONING_EVENTS] = record.reasoning_events
+    if record.choices:
+        out[CHOICES] = len(record.choices)
     return out
 
 
@@ -298,6 +330,13 @@ class SpanRecorder:
             span.add_event(
                 FIRST_TOKEN_EVENT, {TTFT: ttft or 0.0}, timestamp=rs.wall_ns(record.first_token_ns)
             )
+            for name, key, stamp, value in (
+                (FIRST_ANSWER_EVENT, ANSWER_TTFT, record.first_answer_ns, record.answer_ttft_s),
+                (FIRST_TOOL_CALL_EVENT, TOOL_CALL_TTFT, record.first_tool_call_ns,
+                 record.tool_call_ttft_s),
+            ):  # fmt: skip
+                if stamp is not None and value is not None:
+                    span.add_event(name, {key: value}, timestamp=rs.wall_ns(stamp))
         if output is not None:
             span.set_attribute(OUTPUT_MESSAGES, output)
         if record.outcome is not Outcome.OK or record.status_code >= 500:

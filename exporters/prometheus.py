@@ -30,6 +30,7 @@ from proxy.core.labels import UNKNOWN
 from proxy.core.records import (
     Backend,
     GapRecorder,
+    Phase,
     PrefillRecord,
     RequestLabels,
     RequestRecord,
@@ -170,6 +171,15 @@ class PrometheusSink:
         self._queue_time = histogram(names.QUEUE_TIME, registry, tenants=t)
         self._tokens_per_event = histogram(names.TOKENS_PER_EVENT, registry, tenants=t)
         self._acceptance = histogram(names.ACCEPTANCE_LENGTH, registry, tenants=t)
+        self._answer_ttft = histogram(names.ANSWER_TTFT, registry, tenants=t)
+        self._reasoning = histogram(names.REASONING_DURATION, registry, tenants=t)
+        self._reasoning_tokens = histogram(names.REASONING_TOKENS, registry, tenants=t)
+        self._tool_call = histogram(names.TOOL_CALL_TTF, registry, tenants=t)
+        self._phases = {
+            Phase.ANSWER: self._answer_ttft,
+            Phase.REASONING: self._reasoning,
+            Phase.TOOL_CALL: self._tool_call,
+        }
         self._requests = counter(names.REQUESTS, registry, tenants=t)
         self._slo = counter(names.SLO_REQUESTS, registry, tenants=t)
         self._decoder_errors = counter(names.DECODER_ERRORS, registry)
@@ -184,6 +194,8 @@ class PrometheusSink:
         """TTFT target for ``tokenstamp_requests_slo_total``."""
         self.slo_tpot_s = float("inf")
         """TPOT target for ``tokenstamp_requests_slo_total``."""
+        self.slo_answer_ttft_s: float | None = None
+        """Time-to-first-answer target for ``tokenstamp_requests_slo_total`` (``None``: off)."""
 
     def _for(self, labels: RequestLabels) -> _Children:
         ch = self._children.get(labels)
@@ -216,6 +228,18 @@ class PrometheusSink:
         """The live TTFT (with an exemplar when ``trace_id`` is given)."""
         child = self._hist(self._for(labels), self._ttft)
         child.observe(ttft_s, {"trace_id": trace_id} if trace_id else None)
+
+    def phase(
+        self,
+        labels: RequestLabels,
+        phase: Phase,
+        seconds: float,
+        request_id: str,
+        trace_id: str = "",
+    ) -> None:
+        """A phase closed live: time to first answer or tool call, or reasoning's duration."""
+        child = self._hist(self._for(labels), self._phases[phase])
+        child.observe(seconds, {"trace_id": trace_id} if trace_id else None)
 
     def gap(self, labels: RequestLabels, gap_s: float, request_id: str, trace_id: str = "") -> None:
         """One inter-token gap (with an exemplar when ``trace_id`` is given)."""
@@ -256,13 +280,18 @@ class PrometheusSink:
         timings = record.backend_timings
         if timings is not None and timings.acceptance_length is not None:
             hist(ch, self._acceptance).observe(timings.acceptance_length)
-        tpot = record.tpot_s
-        if tpot is not None:
+        reasoning = record.reasoning_tokens
+        if reasoning is not None:
+            hist(ch, self._reasoning_tokens).observe(reasoning)
+        for tpot in record.stream_tpots_s:
             hist(ch, self._tpot).observe(tpot)
-        if record.gap_count:
+        worst = record.stream_max_gaps_s
+        if worst:
+            max_gap = hist(ch, self._max_gap)
             exemplar = {"trace_id": record.trace_id} if record.trace_id else None
-            hist(ch, self._max_gap).observe(record.max_gap_s, exemplar)
-        met, source = record.slo_judged(self.slo_ttft_s, self.slo_tpot_s)
+            for gap in worst:  # the exemplar on the request's worst
+                max_gap.observe(gap, exemplar if gap == record.max_gap_s else None)
+        met, source = record.slo_judged(self.slo_ttft_s, self.slo_tpot_s, self.slo_answer_ttft_s)
         self._count(ch, self._slo, "met" if met else "missed", source.value).inc()
 
     def decoder_error(self, backend: Backend, kind: str) -> None:

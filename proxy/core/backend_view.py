@@ -45,7 +45,15 @@ import logging
 from collections import OrderedDict, deque
 from collections.abc import Mapping
 
-from proxy.core.records import Backend, PrefillRecord, RequestLabels, Sink, StallCause, StallRecord
+from proxy.core.records import (
+    Backend,
+    PrefillRecord,
+    RequestLabels,
+    Sink,
+    StallCause,
+    StallRecord,
+    split_stream_id,
+)
 from proxy.core.stall_detector import StallDetector, StallSettings
 
 log = logging.getLogger("tokenstamp.stalls")
@@ -319,8 +327,9 @@ class BackendView:
 
     def _decide(self, stall: _Pending, baseline_ns: int) -> None:
         culprits, oldest_rule = self._culprits(stall, self._tol(baseline_ns))
+        request_id, choice = split_stream_id(stall.request_id)
         record = StallRecord(
-            request_id=stall.request_id,
+            request_id=request_id,
             backend=self.backend,
             start_ns=stall.start_ns,
             end_ns=stall.end_ns,
@@ -328,8 +337,9 @@ class BackendView:
             threshold_ns=stall.threshold_ns,
             cause=StallCause.PREFILL if culprits else StallCause.UNATTRIBUTED,
             culprits=tuple(w.request_id for w in culprits),
-            tenant=self._tenants.get(stall.request_id, ""),
+            tenant=self._tenants.get(request_id, ""),
             culprit_tenant=_tenant_of(culprits[0]) if culprits else "",
+            choice=choice,
         )
         excess_ns = max(0, stall.gap_ns - baseline_ns)
         named = self._named.get(stall.request_id)

@@ -79,10 +79,29 @@ class EventKind(IntEnum):
     """A tool-call delta (an answer event that is also the first act of an agent)."""
 
 
+CHOICE_SEP = " choice "
+"""Between a request id and a choice index in the stream id of a further choice (request ids
+hold no space, so the split is unambiguous)."""
+
+
+def choice_stream_id(request_id: str, choice: int) -> str:
+    """The stream id, for the stall view, of choice ``choice`` > 0 of a request (``n > 1``):
+    each choice is a stream of its own. Choice 0 is the request id itself."""
+    return f"{request_id}{CHOICE_SEP}{choice}"
+
+
+def split_stream_id(stream_id: str) -> tuple[str, int]:
+    """``(request id, choice)`` of a stream id (``choice_stream_id``); choice 0 for a plain id."""
+    request_id, sep, choice = stream_id.partition(CHOICE_SEP)
+    if sep and choice.isdigit():
+        return request_id, int(choice)
+    return stream_id, 0
+
+
 class ChoiceStats(NamedTuple):
     """One choice of a request with several (``n > 1``): its own stream of output events."""
 
-    index: int
+    choice: int
     """The choice's ``index``."""
     first_ns: int
     """Its first output event."""
@@ -262,9 +281,9 @@ class RequestRecord:
 
     @property
     def reasoning_tokens(self) -> int | None:
-        """Reasoning tokens: the backend's count when reported, else reasoning events;
-        ``None`` for a request without reasoning."""
-        if self.reported_reasoning_tokens is not None:
+        """Reasoning tokens: the backend's count when reported and not 0, else reasoning
+        events; ``None`` for a request without reasoning."""
+        if self.reported_reasoning_tokens:  # 0 is what OpenAI reports for no reasoning
             return self.reported_reasoning_tokens
         return self.reasoning_events or None
 
@@ -314,6 +333,22 @@ class RequestRecord:
         if self.output_events < 2:
             return None
         return (self.last_token_ns - self.first_token_ns) / 1e9 / (n - 1)
+
+    @property
+    def stream_tpots_s(self) -> tuple[float, ...]:
+        """One TPOT per stream: per choice with several choices, else the request's."""
+        if self.choices:
+            return tuple(t for c in self.choices if (t := c.tpot_s) is not None)
+        tpot = self.tpot_s
+        return () if tpot is None else (tpot,)
+
+    @property
+    def stream_max_gaps_s(self) -> tuple[float, ...]:
+        """One worst gap per stream with at least one gap: per choice with several, else the
+        request's (``tokenstamp.stream.max_gap``)."""
+        if self.choices:
+            return tuple(c.max_gap_ns / 1e9 for c in self.choices if c.gap_count)
+        return (self.max_gap_ns / 1e9,) if self.gap_count else ()
 
     @property
     def duration_s(self) -> float:
@@ -409,6 +444,8 @@ class StallRecord:
     """The stalled stream's tenant (empty when tenants are not labelled)."""
     culprit_tenant: str = ""
     """The first culprit's tenant (empty when unattributed or not labelled)."""
+    choice: int = 0
+    """The stalled choice of the request (``n > 1``: each choice is a stream of its own)."""
 
     @property
     def duration_s(self) -> float:
@@ -506,3 +543,21 @@ class Sink(Protocol):
 
     def prefill_done(self, record: PrefillRecord) -> None:
         """A request's prefill completed and the stalls it caused are all counted."""
+
+
+class PhaseSink(Protocol):
+    """What a ``Sink`` may also take (a sink without ``phase`` is not called for it)."""
+
+    def phase(
+        self,
+        labels: RequestLabels,
+        phase: Phase,
+        seconds: float,
+        request_id: str,
+        trace_id: str = "",
+    ) -> None:
+        """A phase of a stream closed, observed live once per request and phase (see
+        ``Phase``): the time to the first answer event and to the first tool call, and
+        reasoning's duration (at the first answer event, or at the end of a request that
+        only reasoned). ``trace_id`` as for ``Sink.first_token``. The record at the end
+        carries the same stamps: a sink must not count these a second time from it."""

@@ -3,6 +3,13 @@
 Pure: takes nanosecond stamps (monotonic clock) and chunk meanings, reports to
 a ``Sink`` and, when given, to a backend's stall view. One timer per request.
 
+Output events have a kind (``EventKind``): the first of any kind is the first
+token (TTFT, the prefill); the first answer event (not reasoning) is the time
+to first answer token; reasoning runs from the first reasoning event to it.
+With several choices (``n > 1``) each choice is a stream of its own: gaps,
+worst gap and TPOT per choice, each one a stream of the stall view
+(``choice_stream_id``); the timer's own gap fields are choice 0's.
+
 Stamping convention: the proxy stamps each read from the upstream socket once,
 before doing anything else with the bytes. All events decoded from one read
 share that stamp, so two output events that arrived in one read are a gap of 0
@@ -18,11 +25,15 @@ from typing import Protocol
 from proxy.core.decoders.openai import ChunkInfo
 from proxy.core.records import (
     BackendTimings,
+    ChoiceStats,
+    EventKind,
     GapRecorder,
     Outcome,
+    Phase,
     RequestLabels,
     RequestRecord,
     Sink,
+    choice_stream_id,
 )
 
 
@@ -43,6 +54,10 @@ class StreamWatcher(Protocol):
 
 
 log = logging.getLogger("tokenstamp.proxy")
+
+MAX_CHOICES = 64
+"""Choices timed apart in one request; events of further choices count as choice 0's
+(an upstream cannot grow a stream's state without bound)."""
 
 
 GapTargets = tuple[Callable[[str, int, int], None], ...]
@@ -69,7 +84,10 @@ class StreamTimer:
     """
 
     __slots__ = (
+        "_choice0_first_ns",
+        "_choices",
         "_gap_targets",
+        "_phase",
         "_record_gap",
         "_sink",
         "_watcher",
@@ -78,7 +96,10 @@ class StreamTimer:
         "cached_tokens",
         "completion_tokens",
         "finish_reasons",
+        "first_answer_ns",
+        "first_reasoning_ns",
         "first_token_ns",
+        "first_tool_call_ns",
         "forwarded_ns",
         "gap_count",
         "labels",
@@ -86,6 +107,8 @@ class StreamTimer:
         "max_gap_ns",
         "output_events",
         "prompt_tokens",
+        "reasoning_events",
+        "reasoning_tokens",
         "request_id",
         "request_model",
         "response_id",
@@ -144,6 +167,15 @@ class StreamTimer:
         """The request's own TTFT target, when it carried one (set by the edge)."""
         self.slo_tpot_s: float | None = None
         """The request's own TPOT target, when it carried one (set by the edge)."""
+        self.first_answer_ns: int | None = None
+        self.first_reasoning_ns: int | None = None
+        self.first_tool_call_ns: int | None = None
+        self.reasoning_events = 0
+        self.reasoning_tokens: int | None = None
+        self._choice0_first_ns: int | None = None
+        # choice -> [first_ns, last_ns, events, gaps, max_gap_ns], for choices other than 0
+        self._choices: dict[int, list[int]] | None = None
+        self._phase: Callable[..., None] | None = getattr(sink, "phase", None)
         sink.request_started(labels)
         self._record_gap: GapRecorder | None = None
         make = getattr(sink, "gap_recorder", None)
@@ -160,15 +192,59 @@ class StreamTimer:
             self._watcher.forwarded(self.request_id, now_ns)
 
     def output(self, now_ns: int) -> None:
-        """One output event was read at ``now_ns``."""
+        """One answer event of choice 0 was read at ``now_ns`` (the usual token)."""
+        self._event0(now_ns)
+        if self.first_answer_ns is None:
+            self._answer(now_ns)
+
+    def reasoning(self, now_ns: int) -> None:
+        """One reasoning event of choice 0 was read at ``now_ns``."""
+        self._event0(now_ns)
+        self.reasoning_events += 1
+        if self.first_reasoning_ns is None:
+            self.first_reasoning_ns = now_ns
+
+    def event(self, choice: int, kind: EventKind, now_ns: int) -> None:
+        """One output event of ``kind`` of choice ``choice`` was read at ``now_ns``."""
+        if choice == 0:
+            self._event0(now_ns)
+        else:
+            self._event_of(choice, now_ns)
+        if kind is EventKind.REASONING:
+            self.reasoning_events += 1
+            if self.first_reasoning_ns is None:
+                self.first_reasoning_ns = now_ns
+            return
+        if kind is EventKind.TOOL_CALL and self.first_tool_call_ns is None:
+            self.first_tool_call_ns = now_ns
+            self._report(Phase.TOOL_CALL, now_ns - self.arrival_ns)
+        if self.first_answer_ns is None:
+            self._answer(now_ns)
+
+    def _answer(self, now_ns: int) -> None:
+        """The first answer event: the time to it, and the reasoning before it, observed live."""
+        self.first_answer_ns = now_ns
+        self._report(Phase.ANSWER, now_ns - self.arrival_ns)
+        start = self.first_reasoning_ns
+        if start is not None:
+            self._report(Phase.REASONING, now_ns - start)
+
+    def _report(self, phase: Phase, elapsed_ns: int) -> None:
+        if self._phase is not None:
+            try:
+                self._phase(self.labels, phase, elapsed_ns / 1e9, self.request_id, self.trace_id)
+            except Exception:  # telemetry never breaks traffic
+                log.exception("sink: phase failed")
+
+    def _event0(self, now_ns: int) -> None:
+        """One output event of choice 0: the first token, or a gap of its stream."""
         last = self.last_token_ns
         self.output_events += 1
         self.last_token_ns = now_ns
         if last is None:
-            self.first_token_ns = now_ns
-            self._first_token(now_ns)
-            if self._watcher is not None:
-                self._watcher.first_token(self.request_id, now_ns)
+            self._choice0_first_ns = now_ns
+            if self.first_token_ns is None:
+                self._first(now_ns)
             return
         gap_ns = now_ns - last
         self.gap_count += 1
@@ -185,6 +261,44 @@ class StreamTimer:
         for target in self._gap_targets:
             target(self.request_id, last, now_ns)
 
+    def _first(self, now_ns: int) -> None:
+        """The request's first output event, of any choice: TTFT, and the prefill window."""
+        self.first_token_ns = now_ns
+        self._first_token(now_ns)
+        if self._watcher is not None:
+            self._watcher.first_token(self.request_id, now_ns)
+
+    def _event_of(self, choice: int, now_ns: int) -> None:
+        """One output event of choice ``choice`` > 0: a stream of its own."""
+        choices = self._choices
+        if choices is None:
+            choices = self._choices = {}
+        state = choices.get(choice)
+        if state is None:
+            if len(choices) >= MAX_CHOICES:
+                self._event0(now_ns)
+                return
+            self.output_events += 1
+            choices[choice] = [now_ns, now_ns, 1, 0, 0]
+            if self.first_token_ns is None:
+                self._first(now_ns)
+            return
+        self.output_events += 1
+        last = state[1]
+        gap_ns = now_ns - last
+        state[1] = now_ns
+        state[2] += 1
+        state[3] += 1
+        state[4] = max(state[4], gap_ns)
+        if self._record_gap is not None:
+            self._record_gap(gap_ns / 1e9)
+        else:
+            self._sink.gap(self.labels, gap_ns / 1e9, self.request_id)
+        if self._gap_targets:
+            stream = choice_stream_id(self.request_id, choice)
+            for target in self._gap_targets:
+                target(stream, last, now_ns)
+
     def _first_token(self, now_ns: int) -> None:
         """Report the live TTFT (once per request: only the first output event calls this)."""
         tf = self.forwarded_ns
@@ -199,9 +313,13 @@ class StreamTimer:
     def chunk(self, info: ChunkInfo, now_ns: int) -> None:
         """Take in one decoded chunk read at ``now_ns``."""
         if info.output:
-            self.output(now_ns)
+            self.event(info.choice, info.kind, now_ns)
+            for choice, kind in info.more:
+                self.event(choice, kind, now_ns)
         if info.usage is not None:
             u = info.usage
+            if u.reasoning_tokens is not None:
+                self.reasoning_tokens = u.reasoning_tokens
             if u.prompt_tokens is not None:
                 self.prompt_tokens = u.prompt_tokens
             if u.completion_tokens is not None:
@@ -229,6 +347,11 @@ class StreamTimer:
         """Close the timer and report the record. Call exactly once."""
         if self._watcher is not None:
             self._watcher.finished(self.request_id, end_ns)
+            for choice in self._choices or ():
+                self._watcher.finished(choice_stream_id(self.request_id, choice), end_ns)
+        if self.first_reasoning_ns is not None and self.first_answer_ns is None:
+            self._report(Phase.REASONING, end_ns - self.first_reasoning_ns)  # it only reasoned
+        last_ns, gap_count, max_gap_ns, choices = self._choice_totals()
         record = RequestRecord(
             request_id=self.request_id,
             labels=self.labels,
@@ -239,12 +362,12 @@ class StreamTimer:
             arrival_ns=self.arrival_ns,
             forwarded_ns=self.forwarded_ns,
             first_token_ns=self.first_token_ns,
-            last_token_ns=self.last_token_ns,
+            last_token_ns=last_ns,
             end_ns=end_ns,
             start_unix_ns=self.start_unix_ns,
             output_events=self.output_events,
-            gap_count=self.gap_count,
-            max_gap_ns=self.max_gap_ns,
+            gap_count=gap_count,
+            max_gap_ns=max_gap_ns,
             prompt_tokens=self.prompt_tokens,
             completion_tokens=self.completion_tokens,
             cached_tokens=self.cached_tokens,
@@ -258,6 +381,32 @@ class StreamTimer:
             terminal_seen=self.terminal_seen,
             slo_ttft_s=self.slo_ttft_s,
             slo_tpot_s=self.slo_tpot_s,
+            first_answer_ns=self.first_answer_ns,
+            first_reasoning_ns=self.first_reasoning_ns,
+            first_tool_call_ns=self.first_tool_call_ns,
+            reasoning_events=self.reasoning_events,
+            reported_reasoning_tokens=self.reasoning_tokens,
+            choices=choices,
         )
         self._sink.request_finished(record)
         return record
+
+    def _choice_totals(self) -> tuple[int | None, int, int, tuple[ChoiceStats, ...]]:
+        """The request's last event, gaps and worst gap over all choices, and each choice's."""
+        if not self._choices:
+            return self.last_token_ns, self.gap_count, self.max_gap_ns, ()
+        stats = [
+            ChoiceStats(k, first, last, events, gaps, worst)
+            for k, (first, last, events, gaps, worst) in self._choices.items()
+        ]
+        first0, last0 = self._choice0_first_ns, self.last_token_ns
+        if first0 is not None and last0 is not None:
+            events0 = self.gap_count + 1
+            stats.append(ChoiceStats(0, first0, last0, events0, self.gap_count, self.max_gap_ns))
+        stats.sort()
+        return (
+            max(c.last_ns for c in stats),
+            sum(c.gap_count for c in stats),
+            max(c.max_gap_ns for c in stats),
+            tuple(stats),
+        )

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
 from proxy.core.decoders.ndjson import NdjsonDecoder, NdjsonLine
-from proxy.core.decoders.openai import OUTPUT
+from proxy.core.decoders.openai import OUTPUT, REASONING
 from proxy.core.decoders.registry import Format, interpret_json_body
 from proxy.core.decoders.shape import TokenShape
 from proxy.core.decoders.sse import SseDecoder, SseEvent
@@ -245,12 +245,23 @@ class SseRelay(TimedRelay):
     """Relays an event stream while timing every output event of ``fmt``.
 
     Once a stream's usual token event has been decoded and found a plain
-    output event, its shape is learned (``proxy.core.decoders.shape``, at most
+    answer event, its shape is learned (``proxy.core.decoders.shape``, at most
     ``SHAPE_TRIES`` attempts a stream): a later read that is one event of that
-    shape is timed as an output event from its bytes, without being decoded.
+    shape is timed as an answer event from its bytes, without being decoded.
+    A reasoning model's stream learns a second shape, of its reasoning events,
+    the same way; each shape only ever passes events of its own kind.
     """
 
-    __slots__ = ("_cutter", "_decoder", "_learn", "_oversized", "_shape", "_shape_tries")
+    __slots__ = (
+        "_cutter",
+        "_decoder",
+        "_learn",
+        "_oversized",
+        "_rshape",
+        "_rshape_tries",
+        "_shape",
+        "_shape_tries",
+    )
 
     def __init__(
         self,
@@ -273,6 +284,8 @@ class SseRelay(TimedRelay):
         self._learn = self._fmt.token_shape
         self._shape: TokenShape | None = None
         self._shape_tries = SHAPE_TRIES if self._learn is not None else 0
+        self._rshape: TokenShape | None = None
+        self._rshape_tries = self._shape_tries
 
     def body(self, data: bytes, read_ns: int) -> None:
         """Write first (minus a usage event the proxy asked for), then time the events."""
@@ -285,6 +298,10 @@ class SseRelay(TimedRelay):
             if shape is not None and shape.matches(data) and decoder.skip_event(len(data)):
                 timer.output(read_ns)  # the usual token, recognised by its bytes
                 return
+            rshape = self._rshape
+            if rshape is not None and rshape.matches(data) and decoder.skip_event(len(data)):
+                timer.reasoning(read_ns)  # the usual thinking token
+                return
             events = decoder.feed(data)
             known = bool(timer.response_id or timer.response_model)
             interpret = self._interpret
@@ -295,6 +312,11 @@ class SseRelay(TimedRelay):
             if shape is not None and shape.matches(data) and decoder.skip_event(len(data)):
                 self.write(cutter.push(data, decoder.boundary_offset))
                 timer.output(read_ns)
+                return
+            rshape = self._rshape
+            if rshape is not None and rshape.matches(data) and decoder.skip_event(len(data)):
+                self.write(cutter.push(data, decoder.boundary_offset))
+                timer.reasoning(read_ns)
                 return
             events = decoder.feed(data)
             known = bool(timer.response_id or timer.response_model)
@@ -309,6 +331,8 @@ class SseRelay(TimedRelay):
         for info in infos:
             if info is OUTPUT:
                 timer.output(read_ns)
+            elif info is REASONING:
+                timer.reasoning(read_ns)
             elif info is None:
                 self._sink.decoder_error(self._backend, "invalid_json")
             else:
@@ -317,12 +341,18 @@ class SseRelay(TimedRelay):
             for _ in range(decoder.errors - self._oversized):
                 self._sink.decoder_error(self._backend, "oversized_event")
             self._oversized = decoder.errors
-        if self._shape_tries and shape is None and len(infos) == 1 and infos[0] is OUTPUT:
+        if len(infos) == 1 and self._learn is not None:
             # One plain output event in one read (``OUTPUT`` comes only once the ids are
-            # known, and they stay known): the stream's usual token, perhaps.
-            self._shape_tries -= 1
-            assert self._learn is not None
-            self._shape = self._learn(data)
+            # known, and they stay known): the stream's usual token, perhaps. A shape is
+            # kept only when it is of the kind the decoder found.
+            if infos[0] is OUTPUT and shape is None and self._shape_tries:
+                self._shape_tries -= 1
+                learned = self._learn(data)
+                self._shape = learned if learned is not None and not learned.reasoning else None
+            elif infos[0] is REASONING and self._rshape is None and self._rshape_tries:
+                self._rshape_tries -= 1
+                learned = self._learn(data)
+                self._rshape = learned if learned is not None and learned.reasoning else None
 
     def _cut(self, cutter: EventCutter, ev: SseEvent) -> None:
         state = self._state
@@ -372,6 +402,8 @@ class NdjsonRelay(TimedRelay):
             info = self._interpret(line.text, "", known_ids=known)
             if info is OUTPUT:
                 timer.output(read_ns)
+            elif info is REASONING:
+                timer.reasoning(read_ns)
             elif info is None:
                 sink.decoder_error(backend, "invalid_json")
             else:

@@ -250,12 +250,14 @@ async def start_proxy(
         prom = PrometheusSink(registry, tenants=bool(config.tenant_headers))
         prom.slo_ttft_s = config.slo_ttft_s
         prom.slo_tpot_s = config.slo_tpot_s
+        prom.slo_answer_ttft_s = config.slo_answer_ttft_s or None
         sink = prom
     if meter_provider is not None:
         otel = OtelMetricsSink(
             meter_provider,
             slo_ttft_s=config.slo_ttft_s,
             slo_tpot_s=config.slo_tpot_s,
+            slo_answer_ttft_s=config.slo_answer_ttft_s or None,
             gaps=telemetry.gaps if telemetry is not None else None,
             tenants=bool(config.tenant_headers),
         )

@@ -9,8 +9,10 @@ cumulative usage) and ``message_stop``. ``ping`` events may come anywhere and
 an ``error`` event (``{"type": "error", "error": {"type": "overloaded_error",
 ...}}``) may end the stream. Unknown event types are to be ignored.
 
-Output events: a ``content_block_delta`` whose delta is a ``text_delta``,
-``thinking_delta`` or ``input_json_delta`` with a non-empty payload.
+Output events: a ``content_block_delta`` whose delta is a ``text_delta``
+(an answer event), ``thinking_delta`` (a reasoning event) or
+``input_json_delta`` (a tool call's input: a tool-call event) with a
+non-empty payload.
 ``signature_delta`` (a thinking block's signature) and ``citations_delta``
 carry no generated tokens.
 
@@ -32,6 +34,8 @@ from typing import Any
 from proxy.core.decoders.meaning import (
     NOT_OUTPUT,
     OUTPUT,
+    REASONING,
+    TOOL_CALL,
     ChunkMeaning,
     count,
     error_kind,
@@ -44,10 +48,11 @@ from proxy.core.decoders.meaning import (
 from proxy.core.decoders.openai import ChunkInfo, Usage
 
 OUTPUT_DELTAS = {
-    "text_delta": "text",
-    "thinking_delta": "thinking",
-    "input_json_delta": "partial_json",
+    "text_delta": ("text", OUTPUT),
+    "thinking_delta": ("thinking", REASONING),
+    "input_json_delta": ("partial_json", TOOL_CALL),
 }
+"""Delta type: (its payload's field, the meaning of a non-empty one)."""
 _DONE = ChunkMeaning(output=False, done=True)
 
 
@@ -58,7 +63,7 @@ def interpret(data: str, event: str = "message", *, known_ids: bool = False) -> 
         return None
     kind = event_type(obj, event)
     if kind == "content_block_delta":
-        return OUTPUT if _delta_is_output(obj.get("delta")) else NOT_OUTPUT
+        return _delta(obj.get("delta"))
     if kind == "message_start":
         return _message(obj_at(obj, "message") or {}, start=True)
     if kind == "message_delta":
@@ -83,11 +88,14 @@ def _error(obj: dict[str, Any]) -> ChunkMeaning:
     return ChunkMeaning(output=False, error=error_kind(err.get("type") if err else None))
 
 
-def _delta_is_output(delta: Any) -> bool:
+def _delta(delta: Any) -> ChunkInfo:
     if not isinstance(delta, dict):
-        return False
-    field = OUTPUT_DELTAS.get(text(delta.get("type")))
-    return field is not None and bool(text(delta.get(field)))
+        return NOT_OUTPUT
+    known = OUTPUT_DELTAS.get(text(delta.get("type")))
+    if known is None:
+        return NOT_OUTPUT
+    field, meaning = known
+    return meaning if text(delta.get(field)) else NOT_OUTPUT
 
 
 def _message(msg: dict[str, Any], *, start: bool) -> ChunkMeaning:

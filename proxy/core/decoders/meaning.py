@@ -17,7 +17,9 @@ from typing import Any
 from orjson import loads
 
 from proxy.core.decoders.openai import OUTPUT as _OPENAI_OUTPUT
+from proxy.core.decoders.openai import REASONING as _OPENAI_REASONING
 from proxy.core.decoders.openai import SAFE_KIND, ChunkInfo, Usage
+from proxy.core.decoders.openai import TOOL_CALL as _OPENAI_TOOL_CALL
 from proxy.core.records import BackendTimings, queue_time_s
 
 __all__ = ["BackendTimings", "ChunkMeaning", "queue_time_s"]
@@ -33,7 +35,11 @@ ChunkMeaning = ChunkInfo
 NOT_OUTPUT = ChunkMeaning(output=False)
 """A decodable chunk that says nothing the timer keeps (ping, block start, progress)."""
 OUTPUT = _OPENAI_OUTPUT
-"""A plain output event: the shared constant the relay's fast path recognises by identity."""
+"""A plain answer event: the shared constant the relay's fast path recognises by identity."""
+REASONING = _OPENAI_REASONING
+"""A plain reasoning event (thinking), shared: the relay recognises it by identity too."""
+TOOL_CALL = _OPENAI_TOOL_CALL
+"""A plain tool-call event (an answer event that acts)."""
 
 
 def load_object(data: str | bytes) -> dict[str, Any] | None:

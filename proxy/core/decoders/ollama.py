@@ -14,7 +14,8 @@ statistics: ``prompt_eval_count``, ``eval_count`` and, in nanoseconds,
 
 Output events: a line with a non-empty ``response`` or ``thinking``, or a
 ``message`` with non-empty ``content`` or ``thinking`` or a non-empty
-``tool_calls`` list. The same function reads a non-streaming body, which is
+``tool_calls`` list. ``thinking`` alone makes a reasoning event, tool calls a
+tool-call event, the rest an answer event. The same function reads a non-streaming body, which is
 one such object with ``done: true``.
 
 Ollama reports no prefix-cache count, and omits ``prompt_eval_count`` when
@@ -30,6 +31,8 @@ from typing import Any
 from proxy.core.decoders.meaning import (
     NOT_OUTPUT,
     OUTPUT,
+    REASONING,
+    TOOL_CALL,
     BackendTimings,
     ChunkMeaning,
     count,
@@ -59,17 +62,21 @@ def interpret_body(obj: dict[str, Any], *, known_ids: bool = False) -> ChunkInfo
     if obj.get("error") is not None:
         # The message is free text: never a label. Ollama gives no error type.
         return ChunkMeaning(output=False, error=error_kind())
-    output = _is_output(obj)
+    meaning = _output(obj)
+    output = meaning is not None
     if obj.get("done") is not True:
         model = "" if known_ids else text(obj.get("model"))
         if not model:
-            return OUTPUT if output else NOT_OUTPUT
-        return ChunkMeaning(output=output, model=model)
+            return NOT_OUTPUT if meaning is None else meaning
+        if meaning is None:
+            return ChunkMeaning(output=False, model=model)
+        return ChunkMeaning(output=True, model=model, kind=meaning.kind)
     reason = text(obj.get("done_reason"))
     prompt = count(obj.get("prompt_eval_count"))
     completion = count(obj.get("eval_count"))
     return ChunkMeaning(
         output=output,
+        kind=meaning.kind if meaning is not None else OUTPUT.kind,
         done=True,
         usage=known_usage(prompt, completion),
         finish_reasons=(reason,) if reason else (),
@@ -78,16 +85,20 @@ def interpret_body(obj: dict[str, Any], *, known_ids: bool = False) -> ChunkInfo
     )
 
 
-def _is_output(obj: dict[str, Any]) -> bool:
-    if text(obj.get("response")) or text(obj.get("thinking")):
-        return True
+def _output(obj: dict[str, Any]) -> ChunkInfo | None:
+    """The output event ``obj`` carries (shared constants), ``None`` when none."""
+    if text(obj.get("response")):
+        return OUTPUT
     msg = obj.get("message")
-    if not isinstance(msg, dict):
-        return False
-    if text(msg.get("content")) or text(msg.get("thinking")):
-        return True
-    calls = msg.get("tool_calls")
-    return isinstance(calls, list) and bool(calls)
+    if isinstance(msg, dict):
+        calls = msg.get("tool_calls")
+        if isinstance(calls, list) and calls:
+            return TOOL_CALL
+        if text(msg.get("content")):
+            return OUTPUT
+        if text(msg.get("thinking")):
+            return REASONING
+    return REASONING if text(obj.get("thinking")) else None
 
 
 def _timings(obj: dict[str, Any], completion: int | None) -> BackendTimings | None:

@@ -9,6 +9,11 @@ SGLang, TGI's OpenAI route, llama.cpp's server, Ollama's /v1 and OpenAI. The
 engine's own per-request timings (vLLM's ``metrics``, SGLang's ``meta_info``)
 are read by ``proxy.core.decoders.engine_metrics``.
 
+Each output event has a kind (DESIGN.md): a reasoning event when the delta
+carries only ``reasoning_content`` or ``reasoning``; a tool-call event when it
+carries a ``tool_calls`` delta; else an answer event (content, text). With
+several choices (``n > 1``) each event names its choice by ``index``.
+
 Pure: no I/O, never raises on bad data (returns ``None`` for "not decodable").
 """
 
@@ -21,7 +26,7 @@ from typing import Any
 from orjson import loads
 
 from proxy.core.decoders.engine_metrics import engine_timings
-from proxy.core.records import BackendTimings
+from proxy.core.records import BackendTimings, EventKind
 
 DONE = "[DONE]"
 
@@ -36,6 +41,9 @@ class Usage:
     """Output tokens."""
     cached_tokens: int | None
     """Input tokens served from the prefix cache, when reported."""
+    reasoning_tokens: int | None = None
+    """Output tokens spent reasoning (``completion_tokens_details.reasoning_tokens``), when
+    reported; part of ``completion_tokens``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +70,12 @@ class ChunkInfo:
     """Timings the backend reported about itself in this chunk (llama.cpp, Ollama, vLLM, SGLang)."""
     status: str = ""
     """Terminal status when the format reports one (``completed``, ``incomplete``, ``failed``)."""
+    kind: EventKind = EventKind.ANSWER
+    """What the output event is (with ``output``): an answer, a reasoning or a tool-call event."""
+    choice: int = 0
+    """The choice (``index``) the output event belongs to."""
+    more: tuple[tuple[int, EventKind], ...] = ()
+    """Output events of further choices carried in the same chunk: (choice, kind) each."""
 
 
 SAFE_KIND = re.compile(r"[A-Za-z][A-Za-z0-9_.\-]{0,63}")
@@ -72,6 +86,11 @@ _OUTPUT = ChunkInfo(output=True)
 OUTPUT = _OUTPUT
 """The shared meaning of a plain output chunk (``interpret`` with ``known_ids``)."""
 _DONE = ChunkInfo(output=False, done=True)
+REASONING = ChunkInfo(output=True, kind=EventKind.REASONING)
+"""The shared meaning of a plain reasoning chunk of choice 0."""
+TOOL_CALL = ChunkInfo(output=True, kind=EventKind.TOOL_CALL)
+"""The shared meaning of a plain tool-call chunk of choice 0."""
+_TOOL_CALL = TOOL_CALL
 
 
 def _usage(obj: Any) -> Usage | None:
@@ -79,10 +98,13 @@ def _usage(obj: Any) -> Usage | None:
         return None
     details = obj.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    out_details = obj.get("completion_tokens_details")
+    reasoning = out_details.get("reasoning_tokens") if isinstance(out_details, dict) else None
     return Usage(
         prompt_tokens=_int(obj.get("prompt_tokens")),
         completion_tokens=_int(obj.get("completion_tokens")),
         cached_tokens=_int(cached),
+        reasoning_tokens=_int(reasoning),
     )
 
 
@@ -90,22 +112,45 @@ def _int(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
 
 
-def _choice_output(choice: dict[str, Any]) -> bool:
+def _choice_kind(choice: dict[str, Any]) -> EventKind | None:
+    """The kind of output event ``choice`` carries; ``None`` when it carries none.
+
+    A tool-call delta makes it a tool-call event, then any content or text an
+    answer event; reasoning alone makes it a reasoning event.
+    """
     text = choice.get("text")
     if isinstance(text, str) and text:
-        return True
+        return EventKind.ANSWER
     delta = choice.get("delta")
     if not isinstance(delta, dict):
         # Non-streaming bodies carry ``message`` instead of ``delta``.
         delta = choice.get("message")
         if not isinstance(delta, dict):
-            return False
-    for key in ("content", "reasoning_content", "reasoning"):
+            return None
+    calls = delta.get("tool_calls")
+    if isinstance(calls, list) and calls:
+        return EventKind.TOOL_CALL
+    v = delta.get("content")
+    if isinstance(v, str) and v:
+        return EventKind.ANSWER
+    for key in ("reasoning_content", "reasoning"):
         v = delta.get(key)
         if isinstance(v, str) and v:
-            return True
-    calls = delta.get("tool_calls")
-    return isinstance(calls, list) and bool(calls)
+            return EventKind.REASONING
+    return None
+
+
+def _index(choice: dict[str, Any]) -> int:
+    """A choice's ``index`` (0 when absent or not a small non-negative integer)."""
+    i = choice.get("index", 0)
+    return i if type(i) is int and 0 <= i < 1 << 16 else 0
+
+
+_BY_KIND = {
+    EventKind.ANSWER: _OUTPUT,
+    EventKind.REASONING: REASONING,
+    EventKind.TOOL_CALL: _TOOL_CALL,
+}
 
 
 def interpret(data: str, event: str = "message", *, known_ids: bool = False) -> ChunkInfo | None:
@@ -136,48 +181,60 @@ def interpret_object(obj: dict[str, Any], *, known_ids: bool = False) -> ChunkIn
         choices = obj.get("choices")
         if type(choices) is list and len(choices) == 1:
             c = choices[0]
-            if type(c) is dict and not c.get("finish_reason"):
+            if type(c) is dict and not c.get("finish_reason") and not c.get("index"):
                 delta = c.get("delta")
                 if type(delta) is dict:  # a chat token: decided without the general walk
                     content = delta.get("content")
-                    if type(content) is str and content:
+                    if type(content) is str and content and not delta.get("tool_calls"):
                         return _OUTPUT
-                return _OUTPUT if _choice_output(c) else _NOT_OUTPUT
+                kind = _choice_kind(c)
+                return _NOT_OUTPUT if kind is None else _BY_KIND[kind]
     err = obj.get("error")
     if err is not None:
-        kind = ""
+        kind_ = ""
         if isinstance(err, dict):
             t = err.get("type") or err.get("code")
             # A label value: a short identifier, never a free-text message.
             if isinstance(t, str) and SAFE_KIND.fullmatch(t):
-                kind = t
-        return ChunkInfo(output=False, error=kind or "stream_error")
+                kind_ = t
+        return ChunkInfo(output=False, error=kind_ or "stream_error")
     choices = obj.get("choices")
-    output = False
+    events: list[tuple[int, EventKind]] = []
     reasons: list[str] = []
     if isinstance(choices, list):
         for c in choices:
             if isinstance(c, dict):
-                output = output or _choice_output(c)
+                kind = _choice_kind(c)
+                if kind is not None:
+                    events.append((_index(c), kind))
                 r = c.get("finish_reason")
                 if isinstance(r, str) and r:
                     reasons.append(r)
     raw_usage = obj.get("usage")
-    if known_ids and raw_usage is None and not reasons:
-        return _OUTPUT if output else _NOT_OUTPUT
+    if known_ids and raw_usage is None and not reasons and len(events) <= 1:
+        if not events:
+            return _NOT_OUTPUT
+        index, kind = events[0]
+        if index == 0:
+            return _BY_KIND[kind]
+        return ChunkInfo(output=True, kind=kind, choice=index)
     usage = _usage(raw_usage)
     model = obj.get("model")
     rid = obj.get("id")
-    if not output and not reasons and usage is None and not isinstance(model, str):
+    if not events and not reasons and usage is None and not isinstance(model, str):
         return _NOT_OUTPUT
     # The engine's own timings ride the usage chunk (vLLM) or the finishing choice (SGLang).
     timings = engine_timings(obj, choices) if raw_usage is not None or reasons else None
+    first = events[0] if events else (0, EventKind.ANSWER)
     return ChunkInfo(
-        output=output,
+        output=bool(events),
         usage=usage,
         usage_only=usage is not None and choices == [],
         finish_reasons=tuple(reasons),
         model=model if isinstance(model, str) else "",
         response_id=rid if isinstance(rid, str) else "",
         backend_timings=timings,
+        kind=first[1],
+        choice=first[0],
+        more=tuple(events[1:]),
     )

@@ -31,6 +31,8 @@ from typing import Any
 from proxy.core.decoders.meaning import (
     NOT_OUTPUT,
     OUTPUT,
+    REASONING,
+    TOOL_CALL,
     ChunkMeaning,
     count,
     error_kind,
@@ -41,19 +43,18 @@ from proxy.core.decoders.meaning import (
 )
 from proxy.core.decoders.openai import ChunkInfo, Usage
 
-OUTPUT_DELTAS = frozenset(
-    {
-        "response.output_text.delta",
-        "response.refusal.delta",
-        "response.reasoning_text.delta",
-        "response.reasoning_summary_text.delta",
-        "response.function_call_arguments.delta",
-        "response.custom_tool_call_input.delta",
-        "response.mcp_call_arguments.delta",
-        "response.code_interpreter_call_code.delta",
-    }
-)
-"""Event types whose non-empty ``delta`` is an output event."""
+OUTPUT_DELTAS = {
+    "response.output_text.delta": OUTPUT,
+    "response.refusal.delta": OUTPUT,
+    "response.reasoning_text.delta": REASONING,
+    "response.reasoning_summary_text.delta": REASONING,
+    "response.function_call_arguments.delta": TOOL_CALL,
+    "response.custom_tool_call_input.delta": TOOL_CALL,
+    "response.mcp_call_arguments.delta": TOOL_CALL,
+    "response.code_interpreter_call_code.delta": TOOL_CALL,
+}
+"""Event types whose non-empty ``delta`` is an output event, and of which kind: reasoning
+(text or summary), a tool call (arguments, input, code), else an answer."""
 
 _OPENING = frozenset({"response.created", "response.in_progress", "response.queued"})
 _TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
@@ -65,8 +66,9 @@ def interpret(data: str, event: str = "message", *, known_ids: bool = False) -> 
     if obj is None:
         return None
     kind = event_type(obj, event)
-    if kind in OUTPUT_DELTAS:
-        return OUTPUT if text(obj.get("delta")) else NOT_OUTPUT
+    meaning = OUTPUT_DELTAS.get(kind)
+    if meaning is not None:
+        return meaning if text(obj.get("delta")) else NOT_OUTPUT
     if kind in _OPENING:
         resp = obj_at(obj, "response")
         if resp is None:
@@ -120,8 +122,10 @@ def _usage(u: dict[str, Any] | None) -> Usage | None:
     if u is None:
         return None
     cached = (obj_at(u, "input_tokens_details") or {}).get("cached_tokens")
+    reasoning = (obj_at(u, "output_tokens_details") or {}).get("reasoning_tokens")
     return Usage(
         prompt_tokens=count(u.get("input_tokens")),
         completion_tokens=count(u.get("output_tokens")),
         cached_tokens=count(cached),
+        reasoning_tokens=count(reasoning),
     )

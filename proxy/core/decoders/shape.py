@@ -25,6 +25,15 @@ Why the bytes decide exactly what the parse would (``proxy.core.decoders.openai`
   backslash and no control byte: it is then one complete JSON string, as is,
   and non-empty content is an output event whatever else the event says.
 
+- The kind of output is fixed by the learned key: a shape learned from a
+  ``"content":`` (``"text":``) event only matches answer events, one learned
+  from ``"reasoning_content":`` (``"reasoning":``) only reasoning events (a
+  stream with both learns one shape of each). A shape learned with the other
+  key ``null``, absent or empty keeps it so: the bytes around the string are
+  fixed. A tool-call delta never makes a shape.
+- A choice's ``"index":`` digits are not masked: with several choices (``n >
+  1``), an event of choice 1 must not pass for one of choice 0.
+
 Anything else (an escape in the content, a finish reason, usage, a changed
 id) does not match, and the caller decodes the event the general way. Pure:
 bytes in, a bool out; never raises on input.
@@ -44,24 +53,41 @@ _RUN = re.compile(rb"[0-9]{2,}")
 """A run of two digits or more (a match starts where the run does)."""
 _CONTENT = b'"content":'
 _TEXT = b'"text":'
+_REASONING_CONTENT = b'"reasoning_content":'
+_REASONING = b'"reasoning":'
+_INDEX = re.compile(rb'"index": ?[0-9]+')
+"""A choice's index (its digits must stay as learned)."""
+_REASONING_KEYS = (_REASONING_CONTENT, _REASONING)
 
 
 class TokenShape:
     """The fixed bytes around one stream's output string, digits masked."""
 
-    __slots__ = ("_head", "_head_len", "_nonzero", "_tail", "_tail_len")
+    __slots__ = ("_exact", "_head", "_head_len", "_nonzero", "_tail", "_tail_len", "reasoning")
 
-    def __init__(self, head: bytes, tail: bytes, nonzero: tuple[int, ...]) -> None:
+    def __init__(
+        self,
+        head: bytes,
+        tail: bytes,
+        nonzero: tuple[int, ...],
+        exact: tuple[tuple[int, bytes], ...] = (),
+        *,
+        reasoning: bool = False,
+    ) -> None:
         self._head = head.translate(_DIGITS)
         self._tail = tail.translate(_DIGITS)
         self._head_len = len(head)
         self._tail_len = len(tail)
         self._nonzero = nonzero
+        self._exact = exact
+        self.reasoning = reasoning
+        """The shape's events are reasoning events (else answer events)."""
 
     @classmethod
     def learn(cls, event: bytes) -> TokenShape | None:
         """The shape of ``event`` (one whole SSE event: ``data:`` line and blank line) when
-        it is a plain output event of an OpenAI chat or completions stream, else ``None``."""
+        it is a plain answer or reasoning event of an OpenAI chat or completions stream,
+        else ``None``."""
         if not event.startswith(b"data:") or not event.endswith(b"\n\n"):
             return None
         start = 6 if event[5:6] == b" " else 5
@@ -75,6 +101,7 @@ class TokenShape:
         key = _plain_output_key(obj)
         if key is None or event.count(key) != 1:
             return None
+        reasoning = key in _REASONING_KEYS
         at = event.index(key) + len(key)
         while event[at] == 0x20:  # ``"content": "``, as Python's json writes it
             at += 1
@@ -86,7 +113,10 @@ class TokenShape:
             return None
         head, tail = event[:open_at], event[close_at:]
         nonzero = _leading_digits(head, 0, False) + _leading_digits(tail, -len(tail), True)
-        return cls(head, tail, nonzero)
+        exact = tuple((m.start(), m.group()) for m in _INDEX.finditer(head)) + tuple(
+            (m.start() - len(tail), m.group()) for m in _INDEX.finditer(tail)
+        )
+        return cls(head, tail, nonzero, exact, reasoning=reasoning)
 
     def matches(self, event: bytes) -> bool:
         """Whether ``event`` (one whole read) is an output event of this shape."""
@@ -101,18 +131,26 @@ class TokenShape:
             return False
         if _NOT_PLAIN.search(event, head_len, end) is not None:
             return False
-        for at in self._nonzero:  # noqa: SIM110 (a loop: no generator per token)
+        for at in self._nonzero:
             if event[at if at >= 0 else n + at] == 0x30:
+                return False
+        for at, value in self._exact:
+            start = at if at >= 0 else n + at
+            if event[start : start + len(value)] != value:
                 return False
         return True
 
 
 def _plain_output_key(obj: object) -> bytes | None:
-    """``"content":`` or ``"text":`` when ``obj`` is one plain output chunk, else ``None``.
+    """``"content":`` or ``"text":`` when ``obj`` is one plain answer chunk,
+    ``"reasoning_content":`` or ``"reasoning":`` when it is one plain reasoning
+    chunk, else ``None``.
 
     Plain: a dict with no ``usage`` and no ``error`` (absent or null), one
-    choice, its ``finish_reason`` absent or null, and output in the delta's
-    ``content`` (chat) or in ``text`` (completions).
+    choice, choice 0, its ``finish_reason`` absent or null, no tool calls, and output in
+    the delta's ``content`` (chat) or in ``text`` (completions); or else in
+    exactly one of the delta's reasoning fields, its content null, absent or
+    empty.
     """
     if type(obj) is not dict or obj.get("usage") is not None or obj.get("error") is not None:
         return None
@@ -120,12 +158,23 @@ def _plain_output_key(obj: object) -> bytes | None:
     if type(choices) is not list or len(choices) != 1:
         return None
     c = choices[0]
-    if type(c) is not dict or c.get("finish_reason") is not None:
+    if type(c) is not dict or c.get("finish_reason") is not None or c.get("index", 0) != 0:
         return None
     delta = c.get("delta")
     if type(delta) is dict:
+        if delta.get("tool_calls"):
+            return None
         content = delta.get("content")
-        return _CONTENT if type(content) is str and content else None
+        if type(content) is str and content:
+            return _CONTENT
+        if content:
+            return None
+        found = [
+            key
+            for key, name in ((_REASONING_CONTENT, "reasoning_content"), (_REASONING, "reasoning"))
+            if type(delta.get(name)) is str and delta.get(name)
+        ]
+        return found[0] if len(found) == 1 else None
     if "delta" in c or "message" in c:
         return None
     text = c.get("text")

@@ -1,4 +1,5 @@
-"""The token shape: learned from one plain output event, matching exactly what a parse would say."""
+"""The token shape: learned from one plain output event, matching exactly what a parse would say,
+of the same kind (answer or reasoning) and the same choice."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.core.decoders.openai import OUTPUT, interpret
+from proxy.core.decoders.openai import OUTPUT, REASONING, interpret
 from proxy.core.decoders.shape import TokenShape, _leading_digits
 from proxy.core.decoders.sse import SseDecoder
 
@@ -34,27 +35,74 @@ STAMPED = (  # the bench backend's chunk: a digit string that changes every toke
     b'"bench_send_ns":"00001234567890123456"}\n\n'
 )
 
+VLLM_THINKING = VLLM.replace(b'{"content":" hello"}', b'{"reasoning_content":" hmm"}')
+VLLM_REASONING = VLLM.replace(b'{"content":" hello"}', b'{"reasoning":" hmm"}')
+LLAMACPP_THINKING = LLAMACPP.replace(
+    b'{"content":"Hi"}', b'{"content":null,"reasoning_content":"So"}'
+)
+ANSWER_NULL_REASONING = VLLM.replace(
+    b'{"content":" hello"}', b'{"content":"x","reasoning_content":null}'
+)
+THINKING = (VLLM_THINKING, VLLM_REASONING, LLAMACPP_THINKING)
+ANSWERS = (VLLM, LLAMACPP, COMPLETIONS, SPACED, STAMPED, ANSWER_NULL_REASONING)
 
-def parsed_output(event: bytes) -> bool:
-    """What the general path says: the decoder's events, interpreted with the ids known."""
+
+def parsed(event: bytes) -> object:
+    """What the general path says: the one event's meaning, interpreted with the ids known."""
     decoder = SseDecoder()
     decoder.feed(b": ready\n\n")
     events = decoder.feed(event)
-    return len(events) == 1 and interpret(events[0].data, known_ids=True) is OUTPUT
+    return interpret(events[0].data, known_ids=True) if len(events) == 1 else None
 
 
-@pytest.mark.parametrize("event", [VLLM, LLAMACPP, COMPLETIONS, SPACED, STAMPED])
+def parsed_output(event: bytes) -> bool:
+    """The general path finds one answer event of choice 0."""
+    return parsed(event) is OUTPUT
+
+
+def _string_key(event: bytes) -> bytes:
+    for key in (b'"text":', b'"reasoning_content":', b'"reasoning":', b'"content":'):
+        if key in event and event[event.index(key) + len(key) :].lstrip()[:1] == b'"':
+            return key
+    raise AssertionError(event)
+
+
+@pytest.mark.parametrize("event", [*ANSWERS, *THINKING])
 def test_learns_the_usual_token_and_matches_the_next(event):
     shape = TokenShape.learn(event)
     assert shape is not None
+    assert shape.reasoning is (event in THINKING)
     assert shape.matches(event)
-    key = b'"text":' if b'"text":' in event else b'"content":'
+    key = _string_key(event)
     at = event.index(key) + len(key)
     at = event.index(b'"', at) + 1
     end = event.index(b'"', at)
     other = event[:at] + "ein Wort 🙂".encode() + event[end:]
     assert shape.matches(other)
-    assert parsed_output(other)
+    assert parsed(other) is (REASONING if shape.reasoning else OUTPUT)
+
+
+@pytest.mark.parametrize(("learned", "other"), [
+    (VLLM, VLLM_THINKING), (VLLM_THINKING, VLLM), (VLLM_REASONING, VLLM_THINKING),
+    (LLAMACPP_THINKING, LLAMACPP.replace(b'{"content":"Hi"}', b'{"content":"Hi","reasoning_content":null}')),
+    (ANSWER_NULL_REASONING, ANSWER_NULL_REASONING.replace(b'"content":"x","reasoning_content":null', b'"content":null,"reasoning_content":"x"')),
+    (LLAMACPP_THINKING, LLAMACPP_THINKING.replace(b'"content":null', b'"content":"a"')),
+])  # fmt: skip
+def test_a_shape_never_passes_an_event_of_the_other_kind(learned, other):
+    shape = TokenShape.learn(learned)
+    assert shape is not None
+    assert not shape.matches(other)
+
+
+@pytest.mark.parametrize("event", [VLLM, LLAMACPP, SPACED, VLLM_THINKING])
+def test_a_shape_never_passes_another_choice(event):
+    """With n > 1 the choices interleave: choice 1's token is not choice 0's."""
+    shape = TokenShape.learn(event)
+    assert shape is not None
+    other = event.replace(b'"index":0', b'"index":1').replace(b'"index": 0', b'"index": 1')
+    assert other != event
+    assert not shape.matches(other)
+    assert parsed(other) not in (OUTPUT, REASONING)
 
 
 def test_ticking_digits_match():
@@ -103,6 +151,9 @@ def test_anything_else_does_not_match(change):
         VLLM.replace(b"}]}\n\n", b'}],"error":{"type":"x"}}\n\n'),
         VLLM.replace(b'"model":"qwen"', b'"model":"qwen","message":{"content":"x"}'),
         VLLM.replace(b'{"content":" hello"}', b'{"tool_calls":[{"index":0}]}'),
+        VLLM.replace(b'{"content":" hello"}', b'{"content":"a","tool_calls":[{"index":0}]}'),
+        VLLM.replace(b'{"content":" hello"}', b'{"reasoning":"a","reasoning_content":"a"}'),
+        VLLM.replace(b'"index":0', b'"index":1'),
         VLLM.replace(b"\n\n", b"\n"),
         b"data: [DONE]\n\n",
         b'data: {"choices":[{"delta":{"content":"a"}}]\n\n',  # cut short: not JSON
@@ -120,14 +171,14 @@ _digits = st.text(alphabet="0123456789", min_size=1, max_size=1)
 
 @settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    st.sampled_from([VLLM, LLAMACPP, COMPLETIONS, SPACED, STAMPED]),
+    st.sampled_from([*ANSWERS, *THINKING]),
     st.lists(st.tuples(st.integers(min_value=0, max_value=400), _digits), max_size=6),
     _content,
     st.lists(st.tuples(st.integers(min_value=0, max_value=400), st.binary(max_size=2))),
 )
 def test_a_match_is_always_what_the_parse_says(template, digit_edits, content, byte_edits):
     """Mutate digits, the content and random bytes: whenever the shape matches, the
-    general path finds exactly one output event too."""
+    general path finds exactly one output event too, of the same kind and choice 0."""
     shape = TokenShape.learn(template)
     assert shape is not None
     event = bytearray(template)
@@ -135,7 +186,7 @@ def test_a_match_is_always_what_the_parse_says(template, digit_edits, content, b
         pos = where % len(event)
         if 0x30 <= event[pos] <= 0x39:
             event[pos] = ord(d)
-    key = b'"text":' if b'"text":' in template else b'"content":'
+    key = _string_key(template)
     at = template.index(b'"', template.index(key) + len(key)) + 1
     end = template.index(b'"', at)
     event[at:end] = content.encode()
@@ -144,7 +195,7 @@ def test_a_match_is_always_what_the_parse_says(template, digit_edits, content, b
         event[pos : pos + 1] = new
     raw = bytes(event)
     if shape.matches(raw):
-        assert parsed_output(raw)
+        assert parsed(raw) is (REASONING if shape.reasoning else OUTPUT)
 
 
 @pytest.mark.parametrize(
