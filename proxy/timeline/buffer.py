@@ -9,9 +9,11 @@ window, and turns them into JSON-ready feed messages: a full snapshot for a
 new reader, then deltas holding only what changed since that reader's last
 message (``TimelineCursor``).
 
-A reasoning model's stream has two phases, thinking then answering: a finished
-request's record says where they meet (its first reasoning and first answer
-events), and the page colours each stream's two parts apart from that.
+A reasoning model's stream has two phases, thinking then answering, which the
+page colours apart. Where they meet is learnt live, when the sink's ``phase``
+reports the first answer event (at the tick just stamped) and the reasoning
+before it; a finished request's record then gives the exact stamps (its first
+reasoning and first answer events; also for a request that only reasoned).
 
 Memory is bounded by count whatever the traffic (``TimelineSettings``: streams,
 stamps per stream, stalls, prefills) and trimmed by time whenever a stream
@@ -29,7 +31,14 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
-from proxy.core.records import Backend, PrefillRecord, RequestLabels, RequestRecord, StallRecord
+from proxy.core.records import (
+    Backend,
+    Phase,
+    PrefillRecord,
+    RequestLabels,
+    RequestRecord,
+    StallRecord,
+)
 
 _MAX_MODEL_CHARS = 128
 _PRUNE_EVERY_NS = 1_000_000_000
@@ -221,6 +230,22 @@ class TimelineBuffer:
         s.outcome = record.outcome.value
         s.worst_gap_ns = max(s.worst_gap_ns, record.max_gap_ns)
         s.version += 1
+
+    def phase(self, request_id: str, phase: Phase, seconds: float) -> None:
+        """A live stream's first answer event (``Phase.ANSWER``, reported as that event's
+        tick is stamped: the row's newest tick), then the reasoning before it
+        (``Phase.REASONING``: that many seconds before the answer)."""
+        s = self._streams.get(request_id)
+        if s is None or s.last_ns is None or s.end_ns is not None:
+            return
+        if phase is Phase.ANSWER and s.answer_ns is None:
+            s.answer_ns = s.last_ns
+            s.answer_ttft_ns = round(seconds * 1e9)
+            s.version += 1
+        elif phase is Phase.REASONING and s.answer_ns is not None and s.reasoning_ns is None:
+            s.reasoning_ns = s.answer_ns - round(seconds * 1e9)
+            s.reasoning_s = seconds
+            s.version += 1
 
     def stall(self, record: StallRecord) -> None:
         """Keep a stall record; the stalled stream counts it."""
@@ -416,6 +441,17 @@ class TimelineSink:
     def request_finished(self, record: RequestRecord) -> None:
         """Metadata of the finished request."""
         self._buffer.request_finished(record)
+
+    def phase(
+        self,
+        labels: RequestLabels,
+        phase: Phase,
+        seconds: float,
+        request_id: str,
+        trace_id: str = "",
+    ) -> None:
+        """A phase of a live stream closed: its row's reasoning and answer parts."""
+        self._buffer.phase(request_id, phase, seconds)
 
     def decoder_error(self, backend: Backend, kind: str) -> None:
         """Ignored."""

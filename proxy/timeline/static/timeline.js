@@ -337,7 +337,8 @@
         const answerUs = s.answer_us ?? null;
         const rx0 = x(s.reasoning_us);
         const rx1 = Math.max(x(answerUs ?? endUs), rx0 + 1);
-        const phase = { stream: s.id, y0, y1: y0 + rowH, reasoning: { x0: rx0, x1: rx1 }, answer: null };
+        const phase = { stream: s.id, open: s.end_us === null, y0, y1: y0 + rowH,
+                        reasoning: { x0: rx0, x1: rx1 }, answer: null };
         ctx.fillStyle = `rgba(${C.reasoning.join(",")},0.22)`;
         ctx.fillRect(rx0, y0, rx1 - rx0, rowH);
         if (answerUs !== null && endUs > answerUs) {

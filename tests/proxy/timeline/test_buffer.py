@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from proxy.core.records import (
     Backend,
     Outcome,
+    Phase,
     PrefillRecord,
     RequestLabels,
     RequestRecord,
@@ -169,6 +170,26 @@ def test_a_reasoning_stream_says_where_its_answer_begins():
     assert (plain["reasoning_us"], plain["answer_us"]) == (None, 100_000)
     assert plain["reasoning_ms"] is None
     assert plain["reasoning_tokens"] is None
+
+
+def test_a_live_stream_learns_its_phases_from_the_sink_as_its_answer_begins():
+    buf = TimelineBuffer(BACKEND, origin_ns=ORIGIN)
+    ticks = [ORIGIN + t * MS for t in (100, 125, 150)]
+    stream(buf, "thinker", ORIGIN + 1 * MS, ticks)  # open: no record yet
+    # The timer reports the first answer event right after stamping its tick, then the
+    # reasoning before it.
+    buf.sink.phase(LABELS, Phase.ANSWER, 0.150, "thinker")
+    buf.sink.phase(LABELS, Phase.REASONING, 0.050, "thinker")
+    buf.sink.phase(LABELS, Phase.TOOL_CALL, 0.150, "thinker")  # nothing to draw
+    buf.sink.phase(LABELS, Phase.ANSWER, 0.150, "nobody")  # not a row: ignored
+    live = by_id(buf.snapshot(ORIGIN + 160 * MS))["thinker"]
+    assert (live["reasoning_us"], live["answer_us"]) == (100_000, 150_000)
+    assert (live["answer_ttft_ms"], live["reasoning_ms"]) == (150.0, 50.0)
+    # A stream without reasoning learns only where its answer began: no phases to draw.
+    stream(buf, "plain", ORIGIN + 1 * MS, [ORIGIN + 90 * MS])
+    buf.sink.phase(LABELS, Phase.ANSWER, 0.090, "plain")
+    plain = by_id(buf.snapshot(ORIGIN + 160 * MS))["plain"]
+    assert (plain["reasoning_us"], plain["answer_us"]) == (None, 90_000)
 
 
 def test_a_stream_that_only_reasoned_has_no_answer():
