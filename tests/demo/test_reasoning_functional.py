@@ -142,7 +142,7 @@ async def test_n_choices_through_the_proxy_are_timed_per_choice(aiohttp_server):
     assert finish.first_answer_ns is not None
     assert same_within_delivery(record.reasoning_s, (finish.first_answer_ns - emits[0]) / 1e9)
     # Per choice: six events each, a step apart, not three times as many gaps a third as long.
-    assert sorted(c.index for c in record.choices) == [0, 1, 2]
+    assert sorted(c.choice for c in record.choices) == [0, 1, 2]
     for choice in record.choices:
         assert choice.events == 6
         assert choice.gap_count == 5
