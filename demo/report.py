@@ -168,9 +168,8 @@ def _cell(value: float | int | None, tokens: bool = False) -> str:
 def render_reasoning(r: dict[str, Any]) -> str:
     """The reasoning model's table: per request, the proxy's figures beside the engine's."""
     lines = [
-        f"A reasoning model: thinking streams before the answer (delta field "
-        f"`{r['reasoning_field']}`; {r['prompt_tokens']:,}-token prompts, "
-        f"{r['answer_tokens']}-token answers; proxy / engine)",
+        f"A reasoning model thinks before it answers ({r['prompt_tokens']:,}-token prompts, "
+        f"{r['answer_tokens']}-token answers, `{r['reasoning_field']}` deltas; proxy / engine)",
         f"{'':30}{'first token':^20}{'first answer token':^20}{'reasoning':^20}"
         f"{'reasoning tokens':^18}",
         f"{'':30}" + f"{'proxy':>10}{'engine':>10}" * 3 + f"{'proxy':>9}{'engine':>9}",
