@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from typing import Any
 
@@ -9,7 +10,7 @@ import aiohttp
 import pytest
 from openai import AsyncOpenAI
 
-from simulator.cli import start_simulator
+from simulator.cli import register, start_simulator
 from simulator.cost import CostModel
 from simulator.engine import EngineConfig
 from simulator.planner import SequenceSpec, StepPlanner
@@ -303,3 +304,17 @@ async def test_start_simulator_takes_the_reasoning_default():
                 assert (await r.json())["reasoning_tokens"] == 2
     finally:
         await sim.close()
+
+
+def test_simulate_takes_the_reasoning_flags():
+    parser = argparse.ArgumentParser(prog="tokenstamp")
+    register(parser.add_subparsers())
+    args = parser.parse_args(["simulate"])
+    assert (args.reasoning_tokens, args.reasoning_field) == (None, None)  # the profile's
+    args = parser.parse_args(
+        ["simulate", "--reasoning-tokens", "0", "--reasoning-field", "reasoning_content"]
+    )
+    assert (args.reasoning_tokens, args.reasoning_field) == (0, "reasoning_content")
+    for bad in (["--reasoning-tokens", "-1"], ["--reasoning-field", "thinking"]):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["simulate", *bad])
