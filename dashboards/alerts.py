@@ -18,6 +18,7 @@ Alert = dict[str, Any]
 
 TTFT_BURN = "TokenstampTTFTBudgetBurn"
 TPOT_BURN = "TokenstampTPOTBudgetBurn"
+ANSWER_TTFT_BURN = "TokenstampAnswerTTFTBudgetBurn"
 TENANT_GOODPUT_BURN = "TokenstampTenantGoodputBudgetBurn"
 PREFILL_STUTTER = "TokenstampPrefillStutter"
 UNATTRIBUTED_STALLS = "TokenstampUnattributedStalls"
@@ -29,6 +30,7 @@ DECODER_ERRORS = "TokenstampDecoderErrors"
 ALERT_NAMES: tuple[str, ...] = (
     TTFT_BURN,
     TPOT_BURN,
+    ANSWER_TTFT_BURN,
     TENANT_GOODPUT_BURN,
     PREFILL_STUTTER,
     UNATTRIBUTED_STALLS,
@@ -106,7 +108,9 @@ def _burn_alerts(
     counted: str,
     target_s: float,
     objective: float,
+    note: str = "",
 ) -> list[Alert]:
+    """Critical and warning burn alerts of one SLO; ``note`` ends the description."""
     out: list[Alert] = []
     for severity in (Severity.CRITICAL, Severity.WARNING):
         burn = _burn_conditions(config, severity, template, objective)
@@ -125,7 +129,7 @@ def _burn_alerts(
                 f"{{{{ $value | humanizePercentage }}}} of {counted} on "
                 f"{{{{ $labels.server_address }}}} missed the {what} target of "
                 f"{promql.num(target_s)}s (objective {_pct(objective)} over "
-                f"{config.slo_period}). Budget burn rate above {conditions}.",
+                f"{config.slo_period}). Budget burn rate above {conditions}." + note,
             )
         )
     return out
@@ -175,7 +179,12 @@ def tenant_alerts(config: Config) -> list[Alert]:
 
 
 def slo_alerts(config: Config) -> list[Alert]:
-    """TTFT (prefill) and TPOT (decode) error-budget burn alerts."""
+    """TTFT (prefill), TPOT (decode) and time-to-first-answer-token error-budget burn alerts.
+
+    The answer alert reads the time to the first answer event, which with a reasoning
+    model is TTFT plus the thinking: the wait a user feels. Without reasoning it equals
+    TTFT, and with the default targets it fires only when the TTFT alert fires too.
+    """
     return [
         *_burn_alerts(
             config, TTFT_BURN, rules.TTFT_ERRORS, "TTFT", "requests", config.ttft_target_s,
@@ -184,6 +193,12 @@ def slo_alerts(config: Config) -> list[Alert]:
         *_burn_alerts(
             config, TPOT_BURN, rules.TPOT_ERRORS, "TPOT", "streams", config.tpot_target_s,
             config.tpot_objective,
+        ),
+        *_burn_alerts(
+            config, ANSWER_TTFT_BURN, rules.ANSWER_TTFT_ERRORS, "time-to-first-answer-token",
+            "requests", config.answer_ttft_target_s, config.answer_ttft_objective,
+            " The first answer event is content, text or a tool call; reasoning before it "
+            "counts as waiting.",
         ),
     ]  # fmt: skip
 

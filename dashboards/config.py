@@ -70,6 +70,14 @@ class Config:
     """TPOT SLO target: a stream meets it when its time per output token is within this."""
     tpot_objective: float = 0.99
     """Share of streams that must meet the TPOT target over the SLO period."""
+    answer_ttft_target_s: float = 5.0
+    """Time-to-first-answer-token SLO target (the visible TTFT): a request meets it when its
+    first answer event (content, text or a tool call, not reasoning) came within this. A
+    bucket boundary of ``tokenstamp.time_to_first_answer_token``, so the error ratio is exact,
+    and at least ``ttft_target_s``: the first answer never comes before the first token."""
+    answer_ttft_objective: float = 0.99
+    """Share of requests that must meet the time-to-first-answer-token target over the SLO
+    period."""
     tenant_goodput_objective: float = 0.99
     """Share of each tenant's finished streams that must meet both targets (their own, sent in
     ``x-slo-ttft-ms`` / ``x-slo-tpot-ms``, or the proxy's ``--slo-ttft`` / ``--slo-tpot``)."""
@@ -122,7 +130,8 @@ class Config:
                 _check(f.name, bool(_DURATION.match(value)), f"not a duration: {value!r}")
         _check("selector", "{" not in self.selector and "}" not in self.selector, "no braces")
         _check("selector", bool(self.selector.strip()), "must not be empty")
-        for key in ("ttft_objective", "tpot_objective", "tenant_goodput_objective",
+        for key in ("ttft_objective", "tpot_objective", "answer_ttft_objective",
+                    "tenant_goodput_objective",
                     "stutter_share_threshold", "unattributed_share_threshold",
                     "upstream_error_ratio_threshold"):  # fmt: skip
             value = getattr(self, key)
@@ -134,6 +143,19 @@ class Config:
         ):
             value = getattr(self, key)
             _check(key, 0.0 < value <= buckets[-1], f"must be in (0, {buckets[-1]}], got {value}")
+        # On a boundary, or the alert would judge by an interpolated share.
+        bounds = " ".join(f"{b:g}" for b in names.ANSWER_TTFT.buckets)
+        _check(
+            "answer_ttft_target_s",
+            self.answer_ttft_target_s in names.ANSWER_TTFT.buckets,
+            f"must be a bucket boundary ({bounds}), got {self.answer_ttft_target_s}",
+        )
+        # The first answer event never comes before the first token.
+        _check(
+            "answer_ttft_target_s",
+            self.answer_ttft_target_s >= self.ttft_target_s,
+            f"must be >= ttft_target_s ({self.ttft_target_s}), got {self.answer_ttft_target_s}",
+        )
         _check("tenant_min_requests", self.tenant_min_requests >= 0, "must be >= 0")
         _check("burn_windows", bool(self.burn_windows), "needs at least one window")
         for i, w in enumerate(self.burn_windows):

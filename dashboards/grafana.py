@@ -31,6 +31,8 @@ class Phase(StrEnum):
     DECODE = "decode (output tokens after the first)"
     BOTH = "prefill + decode (the whole request)"
     STUTTER = "decode, frozen by another request's prefill"
+    REASONING = "reasoning (thinking output before the first answer token)"
+    UNTIL_ANSWER = "prefill + reasoning (up to the first answer token)"
 
 
 @dataclass(frozen=True, slots=True)

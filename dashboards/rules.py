@@ -43,6 +43,7 @@ UPSTREAM_ERRORS = "instance_server_address:tokenstamp_requests_upstream_errors:r
 DECODER_ERRORS = "instance_server_address:tokenstamp_decoder_errors:rate{w}"
 TTFT_ERRORS = "server_address:tokenstamp_ttft_slo_errors_per_request:ratio_rate{w}"
 TPOT_ERRORS = "server_address:tokenstamp_tpot_slo_errors_per_request:ratio_rate{w}"
+ANSWER_TTFT_ERRORS = "server_address:tokenstamp_answer_ttft_slo_errors_per_request:ratio_rate{w}"
 TENANT_GOODPUT_ERRORS = (
     "server_address_tokenstamp_tenant:tokenstamp_goodput_slo_errors_per_request:ratio_rate{w}"
 )
@@ -100,12 +101,18 @@ def backend_rules(config: Config) -> list[Rule]:
 
 
 def slo_rules(config: Config) -> list[Rule]:
-    """Per backend and burn-rate window: share of requests that missed each SLO target."""
+    """Per backend and burn-rate window: share of requests that missed each SLO target.
+
+    TTFT (the first output event of either kind), TPOT, and the time to first answer
+    token (the first answer event: with a reasoning model, TTFT plus the thinking; without
+    reasoning its histogram equals TTFT's).
+    """
     s = sel(config)
     out: list[Rule] = []
     for template, inst, target in (
         (TTFT_ERRORS, names.TTFT, config.ttft_target_s),
         (TPOT_ERRORS, names.TPOT, config.tpot_target_s),
+        (ANSWER_TTFT_ERRORS, names.ANSWER_TTFT, config.answer_ttft_target_s),
     ):
         for w in config.windows:
             expr = promql.share_above(inst, target, s, w, SLO_LEVEL)

@@ -1,10 +1,10 @@
 """The "Serving latency" dashboard: prefill (TTFT) and decode (TPOT, gaps) apart.
 
-Latency percentiles per backend, the distributions behind them, what share of
-a request is decode, outcomes, throughput, goodput and SLO burn, and the same
-per tenant. Variables: data source, backend (``server_address``), model
-(``gen_ai_request_model``), tenant (``tokenstamp_tenant``, "All" when the proxy
-does not label tenants).
+Latency percentiles per backend, the distributions behind them, thinking
+(reasoning) against answering, what share of a request is decode, outcomes,
+throughput, goodput and SLO burn, and the same per tenant. Variables: data
+source, backend (``server_address``), model (``gen_ai_request_model``), tenant
+(``tokenstamp_tenant``, "All" when the proxy does not label tenants).
 """
 
 from __future__ import annotations
@@ -82,6 +82,52 @@ def _burn(
     )
 
 
+def _thinking(lay: Layout, config: Config, s: str, out_tokens: str) -> None:
+    """TTFT beside the time to first answer token, reasoning time and tokens, tool calls.
+
+    TTFT is the first output event of either kind; the first answer event (content,
+    text, a tool call) comes after the reasoning. Without reasoning the two are equal.
+    """
+    answer = config.answer_ttft_target_s
+    reasoning = promql.hist_rate(names.REASONING_TOKENS, "sum", s, RI, (BACKEND,))
+    output = promql.hist_rate(names.TOKEN_USAGE, "sum", out_tokens, RI, (BACKEND,))
+    lay.row("Thinking vs answering")
+    lay.add(timeseries(
+        "TTFT and time to first answer p50 / p90", "First output event (TTFT) beside the first "
+        "answer event (content, text or a tool call, not reasoning): the gap is the time spent "
+        "thinking, none without reasoning; dashed lines at the TTFT (orange) and answer (red) "
+        "targets.", Phase.UNTIL_ANSWER,
+        [Query(promql.quantile(q, inst, s, RI, (BACKEND,)), f"{what} p{q * 100:g} "
+               f"{legend(BACKEND)}")
+         for q in (0.5, 0.9) for inst, what in ((names.TTFT, "TTFT"),
+                                                (names.ANSWER_TTFT, "answer"))],
+        "s", threshold=thresholds(("green", None), ("orange", config.ttft_target_s),
+                                  ("red", answer))), 12)  # fmt: skip
+    lay.add(timeseries("Reasoning duration p50 / p90", "Per request that reasoned: its first "
+                       "reasoning event to its first answer event (to its end when no answer "
+                       "came).", Phase.REASONING,
+                       percentiles(names.REASONING_DURATION, s, RI, BACKEND, (0.5, 0.9)),
+                       "s"), 12)  # fmt: skip
+    lay.add(timeseries("Reasoning share of output tokens", "Reasoning tokens over all output "
+                       "tokens of finished requests: what share of the decode work the user "
+                       "never reads (0 without reasoning).", Phase.REASONING,
+                       [Query(promql.ratio(reasoning, output), legend(BACKEND))],
+                       "percentunit", maximum=1), 8)  # fmt: skip
+    lay.add(timeseries("Time to first tool call p90", "Arrival to the first tool-call event, "
+                       "what a calling program waits for: 9 in 10 requests that called a tool "
+                       "got it sooner.", Phase.UNTIL_ANSWER,
+                       [Query(promql.quantile(0.9, names.TOOL_CALL_TTF, s, RI, (BACKEND,)),
+                              f"p90 {legend(BACKEND)}")], "s"), 8)  # fmt: skip
+    lay.add(timeseries(
+        "Time to first answer SLO misses", "Share of requests whose first answer event came "
+        "later than the answer target (without reasoning: TTFTs over that target).",
+        Phase.UNTIL_ANSWER,
+        [Query(promql.share_above(names.ANSWER_TTFT, answer, s, RI, (BACKEND,)),
+               legend(BACKEND))],
+        "percentunit", threshold=line_at(1 - config.answer_ttft_objective),
+        maximum=1), 8)  # fmt: skip
+
+
 def _tenants(lay: Layout, config: Config, s: str) -> None:
     """Goodput, its burn and latency per tenant; goodput by whose targets judged it."""
     slo = names.SLO_REQUESTS
@@ -156,7 +202,8 @@ def build(config: Config) -> Json:
     lay = Layout()
     lay.row("Overview")
     lay.add(stat("Goodput", "Share of finished streams that met both the TTFT and the TPOT "
-                 "target.", Phase.BOTH, Query(goodput), "percentunit",
+                 "target (and the answer target with --slo-answer-ttft).", Phase.BOTH,
+                 Query(goodput), "percentunit",
                  thresholds(("red", None), ("orange", 0.9), ("green", 0.99))), 6, 5)  # fmt: skip
     lay.add(stat("Active streams", "Requests being answered right now, waiting for their first "
                  "token or streaming.", Phase.BOTH, Query(active), "short"), 6, 5)  # fmt: skip
@@ -188,6 +235,8 @@ def build(config: Config) -> Json:
         [Query(promql.share_above(names.TTFT, config.ttft_target_s, s, RI, (BACKEND,)),
                legend(BACKEND))],
         "percentunit", threshold=line_at(1 - config.ttft_objective), maximum=1), 12)  # fmt: skip
+
+    _thinking(lay, config, s, out_tokens)
 
     lay.row("Decode: time per output token and gaps")
     lay.add(timeseries("TPOT p50 / p90 / p99", "Per finished stream: (last token - first token) "
@@ -251,13 +300,17 @@ def build(config: Config) -> Json:
 
     lay.row("SLO")
     lay.add(timeseries("Goodput per backend", "Share of finished streams that met both the "
-                       "TTFT and the TPOT target.", Phase.BOTH,
+                       "TTFT and the TPOT target (and the answer target with the proxy's "
+                       "--slo-answer-ttft).", Phase.BOTH,
                        [Query(goodput_by, legend(BACKEND))], "percentunit",
-                       maximum=1), 8)  # fmt: skip
+                       maximum=1), 6)  # fmt: skip
     lay.add(_burn(config, rules.TTFT_ERRORS, config.ttft_objective, "TTFT SLO burn rate",
-                  "TTFT misses", Phase.PREFILL, (BACKEND,)), 8)  # fmt: skip
+                  "TTFT misses", Phase.PREFILL, (BACKEND,)), 6)  # fmt: skip
+    lay.add(_burn(config, rules.ANSWER_TTFT_ERRORS, config.answer_ttft_objective,
+                  "Time to first answer SLO burn rate", "time-to-first-answer misses",
+                  Phase.UNTIL_ANSWER, (BACKEND,)), 6)  # fmt: skip
     lay.add(_burn(config, rules.TPOT_ERRORS, config.tpot_objective, "TPOT SLO burn rate",
-                  "TPOT misses", Phase.DECODE, (BACKEND,)), 8)  # fmt: skip
+                  "TPOT misses", Phase.DECODE, (BACKEND,)), 6)  # fmt: skip
 
     _tenants(lay, config, s)
 

@@ -335,7 +335,10 @@ class SpanRecorder:
                 (FIRST_TOOL_CALL_EVENT, TOOL_CALL_TTFT, record.first_tool_call_ns,
                  record.tool_call_ttft_s),
             ):  # fmt: skip
-                if stamp is not None and value is not None:
+                # The first answer gets an event of its own only after reasoning (else it is
+                # the first token's, at the same stamp); a tool call always does.
+                later = stamp != record.first_token_ns or name == FIRST_TOOL_CALL_EVENT
+                if stamp is not None and value is not None and later:
                     span.add_event(name, {key: value}, timestamp=rs.wall_ns(stamp))
         if output is not None:
             span.set_attribute(OUTPUT_MESSAGES, output)

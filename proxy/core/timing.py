@@ -192,14 +192,14 @@ class StreamTimer:
             self._watcher.forwarded(self.request_id, now_ns)
 
     def output(self, now_ns: int) -> None:
-        """One answer event of choice 0 was read at ``now_ns`` (the usual token)."""
-        self._event0(now_ns)
+        """One answer event of choice 0 was read at ``now_ns``."""
+        self.token(now_ns)
         if self.first_answer_ns is None:
             self._answer(now_ns)
 
     def reasoning(self, now_ns: int) -> None:
         """One reasoning event of choice 0 was read at ``now_ns``."""
-        self._event0(now_ns)
+        self.token(now_ns)
         self.reasoning_events += 1
         if self.first_reasoning_ns is None:
             self.first_reasoning_ns = now_ns
@@ -207,7 +207,7 @@ class StreamTimer:
     def event(self, choice: int, kind: EventKind, now_ns: int) -> None:
         """One output event of ``kind`` of choice ``choice`` was read at ``now_ns``."""
         if choice == 0:
-            self._event0(now_ns)
+            self.token(now_ns)
         else:
             self._event_of(choice, now_ns)
         if kind is EventKind.REASONING:
@@ -236,8 +236,13 @@ class StreamTimer:
             except Exception:  # telemetry never breaks traffic
                 log.exception("sink: phase failed")
 
-    def _event0(self, now_ns: int) -> None:
-        """One output event of choice 0: the first token, or a gap of its stream."""
+    def token(self, now_ns: int) -> None:
+        """One output event of choice 0: the first token, or a gap of its stream.
+
+        Called alone (not through ``output``) only for an answer event after the
+        first answer: the relay's usual token, recognised by a shape that was learned
+        from an answer event the timer has already seen.
+        """
         last = self.last_token_ns
         self.output_events += 1
         self.last_token_ns = now_ns
@@ -276,7 +281,7 @@ class StreamTimer:
         state = choices.get(choice)
         if state is None:
             if len(choices) >= MAX_CHOICES:
-                self._event0(now_ns)
+                self.token(now_ns)
                 return
             self.output_events += 1
             choices[choice] = [now_ns, now_ns, 1, 0, 0]

@@ -296,7 +296,9 @@ class SseRelay(TimedRelay):
         if cutter is None:
             self.write(data)
             if shape is not None and shape.matches(data) and decoder.skip_event(len(data)):
-                timer.output(read_ns)  # the usual token, recognised by its bytes
+                # The usual token, recognised by its bytes (after the first answer: the
+                # shape was learned from one the timer saw).
+                timer.token(read_ns)
                 return
             rshape = self._rshape
             if rshape is not None and rshape.matches(data) and decoder.skip_event(len(data)):
@@ -311,7 +313,7 @@ class SseRelay(TimedRelay):
             # (see ``proxy.core.usage``): decode before writing.
             if shape is not None and shape.matches(data) and decoder.skip_event(len(data)):
                 self.write(cutter.push(data, decoder.boundary_offset))
-                timer.output(read_ns)
+                timer.token(read_ns)
                 return
             rshape = self._rshape
             if rshape is not None and rshape.matches(data) and decoder.skip_event(len(data)):

@@ -181,7 +181,8 @@ def test_serving_latency_variables_and_panels():
     exprs = "\n".join(t["expr"] for p in _panels(doc) for t in p["targets"])
     for inst in (names.TTFT, names.TPOT, names.GAP, names.MAX_GAP, names.DURATION,
                  names.PREFIX_CACHE_TTFT, names.TOKENS_PER_EVENT,
-                 names.ACCEPTANCE_LENGTH):  # fmt: skip
+                 names.ACCEPTANCE_LENGTH, names.ANSWER_TTFT, names.REASONING_DURATION,
+                 names.REASONING_TOKENS, names.TOOL_CALL_TTF):  # fmt: skip
         assert inst.prom_name in exprs, inst.name
     for series in ("tokenstamp_requests_total", "tokenstamp_streams_active",
                    "tokenstamp_requests_slo_total", "gen_ai_client_token_usage_sum"):  # fmt: skip
@@ -191,6 +192,53 @@ def test_serving_latency_variables_and_panels():
     assert "tokenstamp_prefix_cache" in exprs
     assert {p["type"] for p in _panels(doc)} == {"stat", "timeseries", "heatmap"}
     assert 'tokenstamp_tenant=~"$tenant"' in exprs
+
+
+def _row(doc: dict[str, Any], title: str) -> list[dict[str, Any]]:
+    """The panels under the row ``title``, up to the next row."""
+    panels = doc["panels"]
+    start = next(i for i, p in enumerate(panels) if p["type"] == "row" and p["title"] == title)
+    out = []
+    for panel in panels[start + 1 :]:
+        if panel["type"] == "row":
+            break
+        out.append(panel)
+    return out
+
+
+def test_thinking_vs_answering_row():
+    config = Config()
+    doc = _dashboards()["tokenstamp-serving-latency.json"]
+    row = {p["title"]: p for p in _row(doc, "Thinking vs answering")}
+    assert set(row) == {
+        "TTFT and time to first answer p50 / p90", "Reasoning duration p50 / p90",
+        "Reasoning share of output tokens", "Time to first tool call p90",
+        "Time to first answer SLO misses",
+    }  # fmt: skip
+    # TTFT and the answer side by side, at the same quantiles, per backend.
+    pairs = row["TTFT and time to first answer p50 / p90"]["targets"]
+    for q in ("0.5", "0.9"):
+        for inst in (names.TTFT, names.ANSWER_TTFT):
+            (target,) = (
+                t for t in pairs
+                if t["expr"].startswith(f"histogram_quantile({q}, sum by (le, server_address) "
+                                        f"(rate({inst.prom_name}_bucket{{")
+            )  # fmt: skip
+            assert "{{server_address}}" in target["legendFormat"]
+    lines = [s["value"] for s in row["TTFT and time to first answer p50 / p90"]["fieldConfig"]
+             ["defaults"]["thresholds"]["steps"]]  # fmt: skip
+    assert lines == [None, config.ttft_target_s, config.answer_ttft_target_s]
+    # Reasoning tokens over all output tokens, 0 (not absent) for a backend without reasoning.
+    (share,) = row["Reasoning share of output tokens"]["targets"]
+    part, whole = share["expr"].split("\nor\n")
+    assert f"rate({names.REASONING_TOKENS.prom_name}_sum{{" in part
+    assert "0 * sum by (server_address) (rate(gen_ai_client_token_usage_sum{" in whole
+    assert share["expr"].count('gen_ai_token_type="output"') == 2
+    (misses,) = row["Time to first answer SLO misses"]["targets"]
+    assert f"{names.ANSWER_TTFT.prom_name}_bucket{{" in misses["expr"]
+    assert promql.le_matcher(config.answer_ttft_target_s) in misses["expr"]
+    burn = next(p for p in _panels(doc) if p["title"] == "Time to first answer SLO burn rate")
+    assert burn["targets"][0]["expr"].startswith(rules.record_name(rules.ANSWER_TTFT_ERRORS, "1h"))
 
 
 def test_prefill_stutter_thresholds_and_annotations():
@@ -228,7 +276,9 @@ def test_rate_le_is_exact_on_a_bucket_and_interpolates_between():
 
 def test_slo_rules_follow_the_config():
     config = Config(
-        ttft_target_s=2.5, burn_windows=(BurnWindow("2h", "10m", 10, Severity.CRITICAL),)
+        ttft_target_s=2.5,
+        answer_ttft_target_s=7.5,
+        burn_windows=(BurnWindow("2h", "10m", 10, Severity.CRITICAL),),
     )
     records = [r["record"] for r in rules.slo_rules(config)]
     assert records == [
@@ -236,8 +286,14 @@ def test_slo_rules_follow_the_config():
         rules.record_name(rules.TTFT_ERRORS, "2h"),
         rules.record_name(rules.TPOT_ERRORS, "10m"),
         rules.record_name(rules.TPOT_ERRORS, "2h"),
+        rules.record_name(rules.ANSWER_TTFT_ERRORS, "10m"),
+        rules.record_name(rules.ANSWER_TTFT_ERRORS, "2h"),
     ]
     assert 'le="2.5"' in rules.slo_rules(config)[0]["expr"]
+    # The answer target is a bucket boundary: read exactly, never interpolated.
+    answer = rules.slo_rules(config)[4]["expr"]
+    assert f'{names.ANSWER_TTFT.prom_name}_bucket{{job="tokenstamp", le="7.5"}}' in answer
+    assert "*" not in answer
 
 
 def test_tenant_rules_read_only_labelled_series_and_follow_the_config():
@@ -262,6 +318,11 @@ def test_tenant_rules_read_only_labelled_series_and_follow_the_config():
     ("change", "key"),
     [
         ({"ttft_objective": 1.0}, "ttft_objective"),
+        ({"answer_ttft_objective": 0.0}, "answer_ttft_objective"),
+        # Not a bucket boundary: the rules would interpolate, the alert judge an estimate.
+        ({"answer_ttft_target_s": 3.0}, "answer_ttft_target_s"),
+        ({"answer_ttft_target_s": 100.0}, "answer_ttft_target_s"),
+        ({"answer_ttft_target_s": 1.0}, "answer_ttft_target_s"),  # below the TTFT target
         ({"tenant_goodput_objective": 0.0}, "tenant_goodput_objective"),
         ({"tenant_min_requests": -1}, "tenant_min_requests"),
         ({"tpot_target_s": 10.0}, "tpot_target_s"),

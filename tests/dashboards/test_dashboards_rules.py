@@ -95,8 +95,15 @@ def _run_broken(
         (build.RECORDING_FILE, ', tokenstamp_tenant!=""', "", "TokenstampTenantGoodputBudgetBurn"),
         # No minimum of streams: a tenant with a handful of requests pages.
         (build.ALERTS_FILE, " >= 100", " >= 0", "TokenstampTenantGoodputBudgetBurn"),
+        # The answer SLO judged by TTFT: a long reasoning would never page.
+        (
+            build.RECORDING_FILE,
+            "tokenstamp_time_to_first_answer_token_seconds",
+            "gen_ai_server_time_to_first_token_seconds",
+            "TokenstampAnswerTTFTBudgetBurn",
+        ),
     ],
-    ids=["threshold", "tenant-label", "tenant-minimum"],
+    ids=["threshold", "tenant-label", "tenant-minimum", "answer-reads-ttft"],
 )
 def test_promtool_unit_tests_catch_a_broken_rule(promtool, tmp_path, rel, old, new, alert):
     """The unit tests would fail if a rule drifted: they cannot pass vacuously."""
@@ -162,7 +169,12 @@ def test_every_alert_is_unit_tested_firing_and_silent(name):
 @pytest.mark.parametrize("severity", ["critical", "warning"])
 @pytest.mark.parametrize(
     ("name", "ands"),
-    [(alerts.TTFT_BURN, 1), (alerts.TPOT_BURN, 1), (alerts.TENANT_GOODPUT_BURN, 2)],
+    [
+        (alerts.TTFT_BURN, 1),
+        (alerts.TPOT_BURN, 1),
+        (alerts.ANSWER_TTFT_BURN, 1),
+        (alerts.TENANT_GOODPUT_BURN, 2),
+    ],
 )
 def test_burn_alerts_exist_per_severity(name, ands, severity):
     rules = [r for r in _all_rules() if r.get("alert") == name]
@@ -180,3 +192,15 @@ def test_tenant_alert_reads_only_per_tenant_rules():
         assert used
         assert all(name.startswith("server_address_tokenstamp_tenant:") for name in used)
         assert "{{ $labels.tokenstamp_tenant }}" in rule["annotations"]["summary"]
+
+
+def test_answer_alert_reads_only_the_answer_rules():
+    """The visible-TTFT alert judges the first answer event, not the first token."""
+    rules_by_name = {r.get("record"): r for r in _all_rules() if "record" in r}
+    for rule in (r for r in _all_rules() if r.get("alert") == alerts.ANSWER_TTFT_BURN):
+        used = set(re.findall(r"[a-z_]+:[a-z_]+:[a-z_0-9]+", rule["expr"]))
+        assert used
+        assert all(":tokenstamp_answer_ttft_slo_errors_per_request:" in name for name in used)
+        for name in used:
+            assert "tokenstamp_time_to_first_answer_token_seconds_" in rules_by_name[name]["expr"]
+            assert "gen_ai_server_time_to_first_token" not in rules_by_name[name]["expr"]

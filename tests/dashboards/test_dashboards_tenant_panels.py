@@ -8,19 +8,11 @@ none (the default).
 
 from __future__ import annotations
 
-import json
-import subprocess
-from pathlib import Path
-from typing import Any
-
 import pytest
-import yaml
 
 from dashboards.promql import NO_TENANT
+from tests.dashboards.panel_queries import LATENCY, STUTTER, panel_expr, run_promtool
 
-DASHBOARDS = Path(__file__).resolve().parents[2] / "dashboards"
-LATENCY = "tokenstamp-serving-latency.json"
-STUTTER = "tokenstamp-prefill-stutter.json"
 REQUEST = 'job="tokenstamp", instance="p0:9464", gen_ai_operation_name="chat", ' \
     'gen_ai_provider_name="vllm", gen_ai_request_model="m", server_address="vllm-a"'  # fmt: skip
 BACKEND = 'job="tokenstamp", instance="p0:9464", gen_ai_provider_name="vllm", ' \
@@ -114,34 +106,11 @@ CASES: list[tuple[str, str, int, str, list[tuple[str, float]], dict[str, float]]
 ]  # fmt: skip
 
 
-def _panel_expr(dashboard: str, title: str, index: int, tenant: str) -> str:
-    doc = json.loads((DASHBOARDS / "grafana" / dashboard).read_text(encoding="utf-8"))
-    (panel,) = (p for p in doc["panels"] if p["title"] == title)
-    expr: str = panel["targets"][index]["expr"]
-    for var, value in (("$__rate_interval", "5m"), ("$__range", "1h"), ("$backend", ".*"),
-                       ("$model", ".*"), ("$tenant", tenant)):  # fmt: skip
-        expr = expr.replace(var, value)
-    assert "$" not in expr, expr
-    return expr
-
-
-def _promtool_file(series: list[tuple[str, float]], tests: list[dict[str, Any]]) -> str:
-    return yaml.safe_dump({
-        "rule_files": [],
-        "evaluation_interval": "1m",
-        "tests": [{
-            "interval": "1m",
-            "input_series": [{"series": s, "values": f"0+{step}x60"} for s, step in series],
-            "promql_expr_test": tests,
-        }],
-    }, sort_keys=False, width=1000)  # fmt: skip
-
-
 @pytest.mark.parametrize("series", [TENANT_SERIES, PLAIN_SERIES], ids=["tenants", "no-tenants"])
 def test_tenant_panels_on_synthetic_series(promtool, tmp_path, series):
     tests = [
         {
-            "expr": f"round(\n{_panel_expr(dash, title, index, tenant)}\n, 0.001)",
+            "expr": f"round(\n{panel_expr(dash, title, index, tenant)}\n, 0.001)",
             "eval_time": "60m",
             "exp_samples": [{"labels": k, "value": v} for k, v in expected.items()],
         }
@@ -149,13 +118,5 @@ def test_tenant_panels_on_synthetic_series(promtool, tmp_path, series):
         if data is series
     ]
     assert len(tests) >= 6
-    path = tmp_path / "tenant_panels.test.yaml"
-    path.write_text(_promtool_file(series, tests), encoding="utf-8")
-    result = subprocess.run(
-        [promtool, "test", "rules", path.name],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = run_promtool(promtool, tmp_path, series, tests)
     assert result.returncode == 0, result.stdout + result.stderr

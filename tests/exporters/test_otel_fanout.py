@@ -73,15 +73,15 @@ def test_every_sink_gets_every_observation_despite_a_broken_one(caplog):
     assert _gap_count(reader.get_metrics_data()) == 2
     ttft = "gen_ai_server_time_to_first_token_seconds_sum"
     assert registry.get_sample_value(ttft, PROM_LABELS) == pytest.approx(0.010)
-    # request_started, gap_recorder, first_token, gap x2, request_finished, decoder_error,
-    # unobserved: 8 failures, 1 line
-    assert errors.failures == 8
+    # request_started, gap_recorder, first_token, phase (the first answer), gap x2,
+    # request_finished, decoder_error, unobserved: 9 failures, 1 line
+    assert errors.failures == 9
     (line,) = [r for r in caplog.records if r.name == "tokenstamp.telemetry"]
     assert "Broken.request_started raised RuntimeError" in line.getMessage()
     now[0] += 61.0
     with caplog.at_level(logging.WARNING, logger="tokenstamp.telemetry"):
         fan.request_started(LABELS)
-    assert "(8 since the last line, 9 in total)" in caplog.records[-1].getMessage()
+    assert "(9 since the last line, 10 in total)" in caplog.records[-1].getMessage()
 
 
 def test_a_sampled_streams_worst_gaps_carry_exemplars():

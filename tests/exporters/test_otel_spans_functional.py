@@ -325,6 +325,7 @@ async def test_histograms_carry_the_sampled_trace_id_as_exemplar(upstream, trace
     }
     assert with_exemplar == {
         "gen_ai_server_time_to_first_token_seconds_bucket",
+        "tokenstamp_time_to_first_answer_token_seconds_bucket",  # observed live, as TTFT
         "gen_ai_client_operation_time_per_output_chunk_seconds_bucket",
         "tokenstamp_stream_max_gap_seconds_bucket",
     }
@@ -343,3 +344,30 @@ async def test_the_span_carries_the_tenant_when_tenants_are_labelled(upstream, t
     assert status == 200
     (span,) = await t.spans()
     assert span.attributes["tokenstamp.tenant"] == "acme"
+
+
+async def test_a_reasoning_stream_span_has_each_phase(upstream, traced):
+    """Thinking, then a tool call: events at the first token, the first answer (the call)
+    and the first tool call; the reasoning figures as attributes (GenAI's reasoning
+    token count, tokenstamp's timings)."""
+    from tests.proxy.edge.test_phases_functional import VLLM, play
+
+    played = play(upstream, VLLM, [("think", 0.02)] * 4 + [("tool", 0.1), ("tool", 0.02)])
+    t = await traced(upstream.url)
+    status, _, _ = await post(t.proxy.url + VLLM.path, VLLM.request)
+    assert status == 200
+    (span,) = await t.spans()
+    a = dict(span.attributes or {})
+    truth = played.tool[0] - played.reasoning[0]
+    assert a[keys.REASONING_TOKENS] == 4  # from usage
+    assert a[keys.REASONING_EVENTS] == 4
+    assert a[keys.REASONING_DURATION] == pytest.approx(truth, abs=0.001)
+    assert a[keys.ANSWER_TTFT] - a[keys.TTFT] == pytest.approx(truth, abs=0.001)
+    assert a[keys.TOOL_CALL_TTFT] == a[keys.ANSWER_TTFT]
+    assert keys.CHOICES not in a
+    names = [e.name for e in span.events]
+    assert names == [keys.FIRST_TOKEN_EVENT, keys.FIRST_ANSWER_EVENT, keys.FIRST_TOOL_CALL_EVENT]
+    first, answer, tool = span.events
+    assert first.timestamp < answer.timestamp == tool.timestamp
+    assert answer.attributes is not None
+    assert answer.attributes[keys.ANSWER_TTFT] == a[keys.ANSWER_TTFT]

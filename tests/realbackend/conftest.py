@@ -56,7 +56,7 @@ def llamacpp_factory(gguf_model: Path) -> Iterator[Callable[..., LlamaCppServer]
     _need("xllamacpp", "xllamacpp")
     started: list[LlamaCppServer] = []
 
-    def make(**settings: int) -> LlamaCppServer:
+    def make(**settings: int | str) -> LlamaCppServer:
         srv = LlamaCppServer(gguf_model, free_port(), LlamaCppSettings(**settings))
         started.append(srv)
         return srv.start()

@@ -10,7 +10,9 @@ of concurrent streams (else a new request queues for a slot instead of stalling
 the others); ``n_batch`` is the prefill chunk (a prompt longer than it is
 computed in pieces, each mixed with one decode step of the running streams);
 one CPU thread keeps a step's timing steady on a shared two-core machine and
-leaves the other core to the proxy and the client.
+leaves the other core to the proxy and the client. ``chat_template`` replaces
+the model's own (llama.cpp's ``--chat-template``): a template whose assistant
+turn opens ``<think>`` makes the server stream ``reasoning_content``.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ class LlamaCppSettings:
     """KV cache size shared by all slots (``kv_unified``)."""
     threads: int = 1
     """CPU threads for decode and prefill."""
+    chat_template: str = ""
+    """A Jinja chat template to use instead of the model's (empty: the model's)."""
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -49,6 +53,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--n-ctx", type=int, default=8192)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--nice", type=int, default=10)
+    p.add_argument("--chat-template", default="")
     return p.parse_args(argv)
 
 
@@ -75,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     params.cpuparams.n_threads = args.threads
     params.cpuparams_batch.n_threads = args.threads
     params.sampling.temp = 0.0
+    if args.chat_template:
+        params.chat_template = args.chat_template
     server = xllamacpp.Server(params)
     print(f"serving on {server.listening_address}", flush=True)
     signal.sigwait({signal.SIGTERM, signal.SIGINT})
@@ -102,6 +109,8 @@ class LlamaCppServer(ServerProcess):
             "--n-batch", str(s.n_batch), "--n-parallel", str(s.n_parallel),
             "--n-ctx", str(s.n_ctx), "--threads", str(s.threads),
         ]  # fmt: skip
+        if s.chat_template:
+            cmd += ["--chat-template", s.chat_template]
         return self._spawn(cmd, timeout_s, cwd=REPO)
 
 

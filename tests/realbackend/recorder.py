@@ -3,8 +3,10 @@
 Nothing is replaced: ``/metrics`` and the stall view work as in production
 while the test reads the same observations back:
 
-* ``RecordingSink`` (``tests.stallkit``) around ``PrometheusSink``: request
-  records, stall records, prefill records, gaps;
+* ``PhaseRecordingSink``, ``tests.stallkit``'s ``RecordingSink`` around
+  ``PrometheusSink`` that also takes ``Sink.phase``: request records, stall
+  records, prefill records, gaps, and each live phase (time to first answer,
+  reasoning's duration), which ``/metrics`` then holds as in production;
 * ``RecordingWatcher``, the extra watcher ``start_proxy`` takes beside its
   stall view: the stamp of every output event per request (first token, then
   the end of every gap), absolute on the monotonic clock, so they compare with
@@ -21,8 +23,30 @@ from prometheus_client import CollectorRegistry
 
 from exporters.prometheus import PrometheusSink
 from proxy.config import ProxyConfig
+from proxy.core.records import Phase, RequestLabels
 from proxy.edge.server import RunningProxy, start_proxy
 from tests.stallkit import RecordingSink
+
+
+class PhaseRecordingSink(RecordingSink):
+    """A ``RecordingSink`` that also keeps and forwards the live phases (``Sink.phase``)."""
+
+    def __init__(self, inner: PrometheusSink) -> None:
+        super().__init__(inner)
+        self.phases: defaultdict[str, dict[Phase, float]] = defaultdict(dict)
+        """Seconds of each phase of each request, as ``phase`` reported them."""
+
+    def phase(
+        self,
+        labels: RequestLabels,
+        phase: Phase,
+        seconds: float,
+        request_id: str,
+        trace_id: str = "",
+    ) -> None:
+        assert phase not in self.phases[request_id], f"second {phase} of {request_id}"
+        self.phases[request_id][phase] = seconds
+        self.inner.phase(labels, phase, seconds, request_id, trace_id)
 
 
 class RecordingWatcher:
@@ -53,7 +77,9 @@ ProxyFactory = Callable[..., Awaitable["RecordedProxy"]]
 class RecordedProxy:
     """A proxy started in-process with the recorders wired in."""
 
-    def __init__(self, running: RunningProxy, sink: RecordingSink, watcher: RecordingWatcher):
+    def __init__(
+        self, running: RunningProxy, sink: PhaseRecordingSink, watcher: RecordingWatcher
+    ) -> None:
         self.running = running
         self.sink = sink
         self.watcher = watcher
@@ -67,12 +93,13 @@ class RecordedProxy:
 
 
 async def start_recorded_proxy(config: ProxyConfig) -> RecordedProxy:
-    """``start_proxy`` with a ``RecordingSink`` and a ``RecordingWatcher``."""
+    """``start_proxy`` with a ``PhaseRecordingSink`` and a ``RecordingWatcher``."""
     registry = CollectorRegistry()
     prom = PrometheusSink(registry)
     prom.slo_ttft_s = config.slo_ttft_s
     prom.slo_tpot_s = config.slo_tpot_s
-    sink = RecordingSink(prom)
+    prom.slo_answer_ttft_s = config.slo_answer_ttft_s or None
+    sink = PhaseRecordingSink(prom)
     watcher = RecordingWatcher()
     running = await start_proxy(config, registry=registry, sink=sink, watcher=watcher)
     return RecordedProxy(running, sink, watcher)

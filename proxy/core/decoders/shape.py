@@ -31,8 +31,10 @@ Why the bytes decide exactly what the parse would (``proxy.core.decoders.openai`
   stream with both learns one shape of each). A shape learned with the other
   key ``null``, absent or empty keeps it so: the bytes around the string are
   fixed. A tool-call delta never makes a shape.
-- A choice's ``"index":`` digits are not masked: with several choices (``n >
-  1``), an event of choice 1 must not pass for one of choice 0.
+- A shape is learned from choice 0 only, and the digit of its ``"index":``
+  must stay ``0``: with several choices (``n > 1``), an event of choice 1
+  must not pass for one of choice 0 (``"index":10`` has one byte more: the
+  head no longer matches).
 
 Anything else (an escape in the content, a finish reason, usage, a changed
 id) does not match, and the caller decodes the event the general way. Pure:
@@ -55,22 +57,22 @@ _CONTENT = b'"content":'
 _TEXT = b'"text":'
 _REASONING_CONTENT = b'"reasoning_content":'
 _REASONING = b'"reasoning":'
-_INDEX = re.compile(rb'"index": ?[0-9]+')
-"""A choice's index (its digits must stay as learned)."""
+_INDEX = re.compile(rb'"index": ?0')
+"""A choice's index, 0 in every learned shape (its digit must stay ``0``)."""
 _REASONING_KEYS = (_REASONING_CONTENT, _REASONING)
 
 
 class TokenShape:
     """The fixed bytes around one stream's output string, digits masked."""
 
-    __slots__ = ("_exact", "_head", "_head_len", "_nonzero", "_tail", "_tail_len", "reasoning")
+    __slots__ = ("_head", "_head_len", "_nonzero", "_tail", "_tail_len", "_zeros", "reasoning")
 
     def __init__(
         self,
         head: bytes,
         tail: bytes,
         nonzero: tuple[int, ...],
-        exact: tuple[tuple[int, bytes], ...] = (),
+        zeros: tuple[int, ...] = (),
         *,
         reasoning: bool = False,
     ) -> None:
@@ -79,7 +81,7 @@ class TokenShape:
         self._head_len = len(head)
         self._tail_len = len(tail)
         self._nonzero = nonzero
-        self._exact = exact
+        self._zeros = zeros
         self.reasoning = reasoning
         """The shape's events are reasoning events (else answer events)."""
 
@@ -113,10 +115,10 @@ class TokenShape:
             return None
         head, tail = event[:open_at], event[close_at:]
         nonzero = _leading_digits(head, 0, False) + _leading_digits(tail, -len(tail), True)
-        exact = tuple((m.start(), m.group()) for m in _INDEX.finditer(head)) + tuple(
-            (m.start() - len(tail), m.group()) for m in _INDEX.finditer(tail)
+        zeros = tuple(m.end() - 1 for m in _INDEX.finditer(head)) + tuple(
+            m.end() - 1 - len(tail) for m in _INDEX.finditer(tail)
         )
-        return cls(head, tail, nonzero, exact, reasoning=reasoning)
+        return cls(head, tail, nonzero, zeros, reasoning=reasoning)
 
     def matches(self, event: bytes) -> bool:
         """Whether ``event`` (one whole read) is an output event of this shape."""
@@ -134,9 +136,8 @@ class TokenShape:
         for at in self._nonzero:
             if event[at if at >= 0 else n + at] == 0x30:
                 return False
-        for at, value in self._exact:
-            start = at if at >= 0 else n + at
-            if event[start : start + len(value)] != value:
+        for at in self._zeros:  # noqa: SIM110 (a loop: no generator per token)
+            if event[at if at >= 0 else n + at] != 0x30:
                 return False
         return True
 
