@@ -9,6 +9,10 @@ to the seed's figures and the cost model's prediction:
    how long the processes waited for a CPU meanwhile: model vs engine is the
    simulator keeping to its cost model, engine vs proxy is delivery.
 2. One 480-token answer alone (the seed's first table).
+3. A reasoning model: six requests that think before they answer (or call a
+   tool, or never get to answer); TTFT, time to first answer token, reasoning
+   duration and tokens as the proxy measured them beside the engine's record
+   (:mod:`demo.reasoning`).
 ``--json`` prints the results machine-readably; ``--techniques`` runs the
 seed's map of optimisations instead (:mod:`demo.techniques`); ``--serve`` keeps a simulator
 and proxy running afterwards for Prometheus to scrape (and ``/timeline`` to
@@ -33,8 +37,9 @@ from prometheus_client import CollectorRegistry
 
 from demo.advice import fetch_advice, fit_traffic, render_advice
 from demo.pictures import pictures_report, replay_snapshot, write_run_pictures
+from demo.reasoning import run_reasoning
 from demo.recording import RecordingSink
-from demo.report import render
+from demo.report import render, render_reasoning
 from demo.scenarios import SingleMeasurement, StutterMeasurement, run_single, run_stutter
 from demo.techniques import main as techniques_main
 from proxy.config import HostPort, ProxyConfig
@@ -317,13 +322,16 @@ async def _main(args: argparse.Namespace) -> int:
     results["unchunked"] = await _stutter("unchunked", None, show, out)
     results["chunked"] = await _stutter("chunked", CHUNK, show, out)
     results["single"] = await _single(show)
+    results["reasoning"] = await run_reasoning(show, out)
     results["advice"] = await _advice(show)
     show("done")
     if not args.json:
         sys.stderr.write("\n" if sys.stderr.isatty() else "")
         print(render(results))
+        print()
+        print(render_reasoning(results["reasoning"]))
         print(render_advice(results))
-        runs = {k: results[k]["pictures"] for k in ("unchunked", "chunked")}
+        runs = {k: results[k]["pictures"] for k in ("unchunked", "chunked", "reasoning")}
         if any(runs.values()):
             print("\n" + pictures_report(runs))
     else:

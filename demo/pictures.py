@@ -2,7 +2,8 @@
 
 Both draw a timeline snapshot (``TimelineBuffer.snapshot``, the feed's JSON)
 the way ``/timeline`` does: one row per stream, a tick per token, the prefill
-window as a bar (culprits in orange), stalls shaded by cause. The HTML file is
+window as a bar (culprits in orange), stalls shaded by cause, a reasoning
+model's thinking and answering apart (violet, then green). The HTML file is
 the live page itself with its script, style and data inlined: it opens from
 disk, offline, with hover and zoom.
 
@@ -29,6 +30,9 @@ COLORS = {
     "culprit": "#e8590c",
     "stall": "#f03e3e",
     "unattributed": "#868e96",
+    "reasoning": "#ae3ec9",
+    "answer": "#2f9e44",
+    "tick_reasoning": "#862e9c",
     "zebra": "#f6f8fb",
     "life": "#d7dde6",
     "muted": "#6b7482",
@@ -156,6 +160,14 @@ def _culprits(backend: dict[str, Any]) -> dict[str, int]:
     return out
 
 
+def _reasoning_tick(stream: dict[str, Any], tick_us: int) -> bool:
+    """True for a tick of a reasoning stream before its first answer event."""
+    if stream.get("reasoning_us") is None:
+        return False
+    answer = stream.get("answer_us")
+    return answer is None or tick_us < answer
+
+
 def write_png(data: dict[str, Any], path: Path, *, dpi: int = 120) -> Path:
     """Draw the first backend of ``data`` (a ``static_data`` dict) as a PNG at ``path``."""
     try:
@@ -206,6 +218,24 @@ def write_png(data: dict[str, Any], path: Path, *, dpi: int = 120) -> Path:
             color=COLORS["culprit" if culprit else "prefill"],
             zorder=2,
         )
+        if s.get("reasoning_us") is not None:
+            answer = s.get("answer_us")
+            think_end = end if answer is None else answer
+            ax.broken_barh(
+                [(sec(s["reasoning_us"]), max(sec(think_end) - sec(s["reasoning_us"]), 1e-4))],
+                (i - 0.5, 1.0),
+                facecolor=to_rgba(COLORS["reasoning"], 0.22),
+                lw=0,
+                zorder=2,
+            )
+            if answer is not None and end > answer:
+                ax.broken_barh(
+                    [(sec(answer), sec(end) - sec(answer))],
+                    (i - 0.5, 1.0),
+                    facecolor=to_rgba(COLORS["answer"], 0.22),
+                    lw=0,
+                    zorder=2,
+                )
     for st in backend["stalls"]:
         row = index.get(st["stream"])
         if row is None:
@@ -225,7 +255,13 @@ def write_png(data: dict[str, Any], path: Path, *, dpi: int = 120) -> Path:
         for t in s["ticks_us"]
         if lo_us <= t <= hi_us
     ]
-    ax.add_collection(LineCollection(segments, colors=COLORS["tick"], linewidths=0.8, zorder=4))
+    colors = [
+        COLORS["tick_reasoning" if _reasoning_tick(s, t) else "tick"]
+        for s in rows
+        for t in s["ticks_us"]
+        if lo_us <= t <= hi_us
+    ]
+    ax.add_collection(LineCollection(segments, colors=colors, linewidths=0.8, zorder=4))
 
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([s["id"] for s in rows], fontsize=7)
@@ -255,6 +291,11 @@ def write_png(data: dict[str, Any], path: Path, *, dpi: int = 120) -> Path:
         ax.spines[side].set_visible(False)
     ax.grid(axis="x", color="#edf0f4", lw=0.8, zorder=0)
     ax.set_axisbelow(True)
+    reasoned = any(s.get("reasoning_us") is not None for s in rows)
+    phases = [
+        Patch(fc=to_rgba(COLORS["reasoning"], 0.22), ec=COLORS["reasoning"], label="reasoning"),
+        Patch(fc=to_rgba(COLORS["answer"], 0.22), ec=COLORS["answer"], label="answer"),
+    ]
     handles = [
         Line2D([0], [0], color=COLORS["tick"], lw=1.2, label="token"),
         Patch(color=COLORS["prefill"], label="prefill window"),
@@ -267,12 +308,13 @@ def write_png(data: dict[str, Any], path: Path, *, dpi: int = 120) -> Path:
             ec=COLORS["unattributed"],
             label="stall, no culprit",
         ),
+        *(phases if reasoned else []),
     ]
     ax.legend(
         handles=handles,
         loc="lower left",
         bbox_to_anchor=(0, 1.0),
-        ncol=5,
+        ncol=len(handles),
         frameon=False,
         fontsize=8,
     )

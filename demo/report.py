@@ -1,4 +1,5 @@
-"""The human-readable report of ``tokenstamp demo``: the seed's tables, model, engine, proxy.
+"""The human-readable report of ``tokenstamp demo``: the seed's tables, model, engine, proxy,
+and a reasoning model's (:func:`render_reasoning`).
 
 Pure: formats the results dictionary :mod:`demo.cli` builds (and prints as
 JSON with ``--json``) and nothing else.
@@ -155,4 +156,47 @@ def render(results: dict[str, Any]) -> str:
         f"  shaving 2 ms off per-token time saves {_ms(shave)} = "
         f"{shave / m['e2e_s']:.1%} (seed: 958 ms, 8.8%)"
     )
+    return "\n".join(lines)
+
+
+def _cell(value: float | int | None, tokens: bool = False) -> str:
+    if value is None:
+        return "–"
+    return f"{value:,}" if tokens else _ms(float(value))
+
+
+def render_reasoning(r: dict[str, Any]) -> str:
+    """The reasoning model's table: per request, the proxy's figures beside the engine's."""
+    lines = [
+        f"A reasoning model thinks before it answers ({r['prompt_tokens']:,}-token prompts, "
+        f"{r['answer_tokens']}-token answers, `{r['reasoning_field']}` deltas; proxy / engine)",
+        f"{'':30}{'first token':^20}{'first answer token':^20}{'reasoning':^20}"
+        f"{'reasoning tokens':^18}",
+        f"{'':30}" + f"{'proxy':>10}{'engine':>10}" * 3 + f"{'proxy':>9}{'engine':>9}",
+    ]
+    for q in r["requests"]:
+        p, e = q["proxy"], q["engine"]
+        cells = "".join(
+            f"{_cell(p[key]):>10}{_cell(e[key]):>10}"
+            for key in ("ttft_s", "answer_ttft_s", "reasoning_s")
+        )
+        # The engine records 0 for a request that did not reason; the proxy has no count.
+        tokens = (_cell(p["reasoning_tokens"], True), _cell(e["reasoning_tokens"] or None, True))
+        cells += f"{tokens[0]:>9}{tokens[1]:>9}"
+        lines.append(f"{q['label']:30}{cells}")
+    waits = [
+        (q["proxy"]["ttft_s"], q["proxy"]["answer_ttft_s"])
+        for q in r["requests"]
+        if q["proxy"]["ttft_s"] is not None and q["proxy"]["answer_ttft_s"] is not None
+    ]
+    if waits:
+        ttft = sum(t for t, _ in waits) / len(waits)
+        answer = sum(a for _, a in waits) / len(waits)
+        note = (
+            "TTFT is the first output event, reasoning or not: the prefill. A user of a reasoning "
+            f"model waits for the first answer token: here {_ms(answer)} on average against a "
+            f"TTFT of {_ms(ttft)} ({answer / ttft:.0f}x). The engine counts from the request's "
+            "arrival at the engine, the proxy from its own: the difference is delivery."
+        )
+        lines.extend(textwrap.wrap(note, width=108))
     return "\n".join(lines)

@@ -1,7 +1,8 @@
 """The ``simulate`` subcommand, and :func:`start_simulator` to run one in-process.
 
 ``tokenstamp simulate --listen 127.0.0.1:8000 --profile seed --chunk-size 512``
-serves the simulated engine until SIGINT or SIGTERM.
+serves the simulated engine until SIGINT or SIGTERM; ``--reasoning-tokens 64``
+makes it a reasoning model (64 reasoning deltas before every chat answer).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from types import EllipsisType
 from aiohttp import web
 
 from simulator.engine import Engine, EngineConfig
-from simulator.profile import Profile, load_profile
+from simulator.profile import REASONING_FIELDS, Profile, load_profile
 from simulator.server import create_app
 
 
@@ -41,6 +42,12 @@ def _chunk_size(value: str) -> int | None:
 def _positive(value: str) -> int:
     if not value.isdigit() or int(value) < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
+    return int(value)
+
+
+def _count(value: str) -> int:
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value!r}")
     return int(value)
 
 
@@ -74,6 +81,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="output length of requests without max_tokens (default: the profile's)",
     )  # fmt: skip
     parser.add_argument(
+        "--reasoning-tokens", type=_count, default=None, metavar="N",
+        help="a reasoning model: N reasoning deltas before each chat answer, unless the request "
+        "says (sim_reasoning_tokens); 0 answers at once (default: the profile's, 0 built in)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--reasoning-field", choices=REASONING_FIELDS, default=None,
+        help="the delta field reasoning streams in: reasoning (vLLM since 0.11.1) or "
+        "reasoning_content (older vLLM, SGLang, llama.cpp) (default: the profile's, reasoning)",
+    )  # fmt: skip
+    parser.add_argument(
         "--prefix-cache", action=argparse.BooleanOptionalAction, default=False,
         help="cache prompt blocks of 16 tokens and skip their prefill (default off)",
     )  # fmt: skip
@@ -103,6 +120,8 @@ def run(args: argparse.Namespace) -> int:
             chunk_size=args.chunk_size,
             max_num_seqs=args.max_num_seqs,
             output_tokens=args.output_tokens,
+            reasoning_tokens=args.reasoning_tokens,
+            reasoning_field=args.reasoning_field,
         )
         config = EngineConfig(
             profile, prefix_cache=args.prefix_cache, ground_truth_path=args.ground_truth
@@ -132,6 +151,7 @@ async def _serve(config: EngineConfig, host: str, port: int) -> None:
         f"tokenstamp simulate: {sim.url} profile={config.profile.name} "
         f"chunk_size={cost.chunk_size} max_num_seqs={cost.max_num_seqs} "
         f"prefix_cache={config.prefix_cache} "
+        f"reasoning_tokens={config.profile.reasoning_tokens} "
         f"techniques={','.join(config.profile.techniques.to_mapping()) or 'none'}",
         file=sys.stderr,
         flush=True,
@@ -175,6 +195,7 @@ async def start_simulator(
     output_tokens: int | None = None,
     prefix_cache: bool | None = None,
     ground_truth_path: Path | None = None,
+    reasoning_tokens: int | None = None,
 ) -> RunningSimulator:
     """Serve a simulator on ``host:port`` (0: a free port) in the running loop.
 
@@ -187,7 +208,10 @@ async def start_simulator(
         config = EngineConfig(load_profile(profile) if isinstance(profile, str) else profile)
     config = EngineConfig(
         config.profile.with_overrides(
-            chunk_size=chunk_size, max_num_seqs=max_num_seqs, output_tokens=output_tokens
+            chunk_size=chunk_size,
+            max_num_seqs=max_num_seqs,
+            output_tokens=output_tokens,
+            reasoning_tokens=reasoning_tokens,
         ),
         prefix_cache=config.prefix_cache if prefix_cache is None else prefix_cache,
         prefix_cache_blocks=config.prefix_cache_blocks,

@@ -62,7 +62,8 @@ class EngineConfig:
 
 @dataclass(frozen=True, slots=True)
 class TokenEvent:
-    """One output token delivered to a request's handler."""
+    """One output token delivered to a request's handler (for each of its choices: they
+    emit in the same steps)."""
 
     index: int
     """Index of the event's first token (0 for the first token)."""
@@ -184,8 +185,14 @@ class Engine:
         finish_reason: Literal["length", "stop"],
         x_request_id: str | None = None,
         block_hashes: tuple[bytes, ...] = (),
+        reasoning_tokens: int = 0,
+        choices: int = 1,
     ) -> RequestHandle:
-        """Queue a request (FIFO); its handle yields its tokens as steps emit them."""
+        """Queue a request (FIFO); its handle yields its tokens as steps emit them.
+
+        ``reasoning_tokens``: the first tokens of each choice are reasoning (recorded in
+        the ground truth); ``choices``: ``n``, decoded side by side.
+        """
         if self._closed or not self._tasks or any(t.done() for t in self._tasks):
             raise RuntimeError("engine: not running")
         spec = SequenceSpec(
@@ -196,6 +203,8 @@ class Engine:
             finish_reason=finish_reason,
             arrival_ns=self._clock_ns(),
             block_hashes=block_hashes if self._cache is not None else (),
+            reasoning_tokens=reasoning_tokens,
+            choices=choices,
         )
         self._planner.add(spec)
         handle = RequestHandle(spec)
@@ -268,6 +277,8 @@ class Engine:
                 handle.cached_tokens = prefill.cached_tokens
         events: dict[str, TokenEvent] = {}  # a request's tokens of one step: one event
         for token in result.tokens:
+            if token.choice:
+                continue  # every choice emits what choice 0 does
             first = events.get(token.response_id)
             if first is None:
                 events[token.response_id] = TokenEvent(token.index, token.emit_ns, None)

@@ -13,6 +13,9 @@ Linux), so a proxy on the same machine can set its own stamps against them:
 
 An existing stream emits a token at the end of every step, so its gaps are the
 engine's step periods (end of one step to the end of the next).
+
+:func:`observe_phases` is the engine's side of a reasoning model's request: its
+first token, its first answer token and the reasoning between them.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from simulator.records import PrefillRecord, Record, StepRecord
+from simulator.records import FinishRecord, PrefillRecord, Record, StepRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,4 +84,50 @@ def observe_stutter(
         prefill_window_s=(prefill.end_ns - prefill.start_ns) / 1e9,
         queue_s=(prefill.start_ns - prefill.arrival_ns) / 1e9,
         ttft_s=(prefill.end_ns - prefill.arrival_ns) / 1e9,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ObservedPhases:
+    """A reasoning model's request as the engine recorded it: thinking, then answering."""
+
+    ttft_s: float
+    """Arrival at the engine to its first token (reasoning or answer)."""
+    answer_ttft_s: float | None
+    """Arrival to its first answer token; None when reasoning used up its length."""
+    reasoning_s: float | None
+    """First token to the first answer token (to the last token when none came); None
+    when it did not reason."""
+    reasoning_tokens: int
+    """Tokens it spent reasoning, all choices (what its usage reports)."""
+    output_tokens: int
+    """Tokens it emitted, all choices, reasoning included."""
+
+
+def observe_phases(records: Iterable[Record], x_request_id: str) -> ObservedPhases:
+    """The engine's figures for the request sent with ``X-Request-Id: x_request_id``.
+
+    ``records`` must hold its prefill and finish records (``GET /sim/ground_truth``);
+    ValueError when they do not.
+    """
+    prefill: PrefillRecord | None = None
+    finish: FinishRecord | None = None
+    for record in records:
+        if isinstance(record, PrefillRecord) and record.x_request_id == x_request_id:
+            prefill = record
+        elif isinstance(record, FinishRecord) and record.x_request_id == x_request_id:
+            finish = record
+    if prefill is None or finish is None:
+        raise ValueError(f"observe_phases: no prefill and finish records for {x_request_id!r}")
+    first_ns, answer_ns = prefill.end_ns, finish.first_answer_ns
+    return ObservedPhases(
+        ttft_s=(first_ns - prefill.arrival_ns) / 1e9,
+        answer_ttft_s=None if answer_ns is None else (answer_ns - finish.arrival_ns) / 1e9,
+        reasoning_s=(
+            ((finish.end_ns if answer_ns is None else answer_ns) - first_ns) / 1e9
+            if finish.reasoning_tokens
+            else None
+        ),
+        reasoning_tokens=finish.reasoning_tokens,
+        output_tokens=finish.output_tokens,
     )

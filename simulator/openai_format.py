@@ -11,16 +11,32 @@ Simulator extensions in the request body: ``sim_prompt_tokens`` (int, prompt
 length, overriding the text's approximate length). ``max_tokens`` (or
 ``max_completion_tokens``) sets the output length (finish reason ``length``);
 without it the profile's default length is used (finish reason ``stop``).
+
+A reasoning model (chat only; :mod:`simulator.deltas` says what the tokens
+say): ``sim_reasoning_tokens`` (int >= 0, default the profile's
+``reasoning_tokens``) reasoning deltas come before the answer; ``max_tokens``
+counts them, as OpenAI's and vLLM's do, so a short limit can end the stream
+before any answer; without it the answer has the profile's default length
+after them. ``sim_reasoning_field`` overrides the profile's delta field
+(``reasoning`` or ``reasoning_content``). ``sim_tool_call`` (bool): the answer
+is a call of the request's first ``tools`` function (``sim_tool`` without
+one), finish reason ``tool_calls``. The usage reports the reasoning as
+``completion_tokens_details.reasoning_tokens`` (only when the request reasoned).
+
+``n`` > 1 (at most the profile's ``max_num_seqs``): that many choices decoded side
+by side; each step sends one chunk per choice (its ``index``), the usage counts
+all of them.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal
 
-from simulator.profile import Profile
+from simulator.deltas import DEFAULT_TOOL, OutputShape
+from simulator.profile import REASONING_FIELDS, Profile
 from simulator.tokens import block_hashes, count_text_tokens, fit_tokens, render_chat, text_tokens
 
 DONE = b"data: [DONE]\n\n"
@@ -63,6 +79,21 @@ class ParsedRequest:
     """``length`` when ``max_tokens`` set the output length, else ``stop``."""
     block_hashes: tuple[bytes, ...]
     """Prefix-cache block hashes (empty unless asked for)."""
+    reasoning_tokens: int = 0
+    """Reasoning tokens before the answer, per choice (``output_tokens`` includes them)."""
+    reasoning_field: str = "reasoning"
+    """The delta and message field reasoning comes in."""
+    tool: str | None = None
+    """The answer is a call of this tool (``sim_tool_call``); None: text."""
+    choices: int = 1
+    """``n``: choices decoded side by side, each ``output_tokens`` long."""
+
+    @property
+    def shape(self) -> OutputShape:
+        """What each choice's tokens say."""
+        return OutputShape(
+            self.output_tokens, self.reasoning_tokens, self.reasoning_field, self.tool
+        )
 
 
 def dumps(obj: object) -> str:
@@ -89,6 +120,51 @@ def _positive_int(body: dict[str, object], key: str) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise RequestError(f"{key} must be an integer >= 1, got {value!r}", key)
     return value
+
+
+def _count(body: dict[str, object], key: str) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise RequestError(f"{key} must be an integer >= 0, got {value!r}", key)
+    return value
+
+
+def _tool_name(body: dict[str, object]) -> str:
+    """The first function the request offers (``tools``), else :data:`DEFAULT_TOOL`."""
+    tools = body.get("tools")
+    if isinstance(tools, list) and tools and isinstance(tools[0], dict):
+        function = tools[0].get("function")
+        if isinstance(function, dict) and isinstance(function.get("name"), str):
+            return str(function["name"]) or DEFAULT_TOOL
+    return DEFAULT_TOOL
+
+
+def _reasoning(
+    body: dict[str, object], operation: Operation, profile: Profile
+) -> tuple[int, str, str | None]:
+    """Reasoning tokens, their field and the tool called, from the extensions and profile."""
+    chat = operation is Operation.CHAT
+    tokens = _count(body, "sim_reasoning_tokens")
+    if tokens and not chat:
+        raise RequestError(
+            "sim_reasoning_tokens: reasoning streams on chat only", "sim_reasoning_tokens"
+        )
+    if tokens is None:
+        tokens = profile.reasoning_tokens if chat else 0
+    field_name = body.get("sim_reasoning_field", profile.reasoning_field)
+    if field_name not in REASONING_FIELDS:
+        raise RequestError(
+            f"sim_reasoning_field must be one of {', '.join(REASONING_FIELDS)}, got {field_name!r}",
+            "sim_reasoning_field",
+        )
+    tool_call = body.get("sim_tool_call", False)
+    if not isinstance(tool_call, bool):
+        raise RequestError("sim_tool_call must be a boolean", "sim_tool_call")
+    if tool_call and not chat:
+        raise RequestError("sim_tool_call: tool calls stream on chat only", "sim_tool_call")
+    return tokens, str(field_name), _tool_name(body) if tool_call else None
 
 
 def _completion_tokens(prompt: object) -> list[str] | str:
@@ -129,15 +205,18 @@ def parse_request(
     if options is not None and not isinstance(options, dict):
         raise RequestError("stream_options must be an object", "stream_options")
     include_usage = bool(options.get("include_usage")) if options else False
-    n = body.get("n")
-    if n not in (None, 1):
-        raise RequestError("the simulator serves n = 1 only", "n")
+    choices = _positive_int(body, "n") or 1
+    if choices > profile.cost.max_num_seqs:
+        raise RequestError(
+            f"n must be at most max_num_seqs ({profile.cost.max_num_seqs}), got {choices}", "n"
+        )
     max_tokens = _positive_int(body, "max_tokens") or _positive_int(body, "max_completion_tokens")
     override = _positive_int(body, "sim_prompt_tokens")
     prompt_tokens = override or max(
         1, count_text_tokens(source) if isinstance(source, str) else len(source)
     )
-    output_tokens = max_tokens or profile.output_tokens
+    reasoning_tokens, reasoning_field, tool = _reasoning(body, operation, profile)
+    output_tokens = max_tokens or reasoning_tokens + profile.output_tokens
     if prompt_tokens + output_tokens > profile.max_model_len:
         raise RequestError(
             f"This model's maximum context length is {profile.max_model_len} tokens; "
@@ -157,22 +236,30 @@ def parse_request(
         output_tokens=output_tokens,
         finish_reason="length" if max_tokens else "stop",
         block_hashes=hashes,
+        reasoning_tokens=reasoning_tokens,
+        reasoning_field=reasoning_field,
+        tool=tool,
+        choices=choices,
     )
 
 
-def token_text(index: int) -> str:
-    """The deterministic text of output token ``index``."""
-    return f" tok{index}"
-
-
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, object]:
-    """vLLM's usage object (field order as vLLM's ``UsageInfo``)."""
-    return {
+def usage(
+    prompt_tokens: int,
+    completion_tokens: int,
+    cached_tokens: int,
+    reasoning_tokens: int | None = None,
+) -> dict[str, object]:
+    """vLLM's usage object (field order as vLLM's ``UsageInfo``); ``reasoning_tokens``, when
+    given, as OpenAI reports them (``completion_tokens_details``, after the prompt's)."""
+    counts: dict[str, object] = {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
         "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
+    if reasoning_tokens is not None:
+        counts["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+    return counts
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +274,12 @@ class ResponseFormat:
     """Unix seconds at arrival."""
     model: str
     """Model id echoed in every chunk."""
+    shape: OutputShape = field(default_factory=lambda: OutputShape(1))
+    """What each choice's tokens say (default: text answers, no reasoning)."""
+
+    def tool_call_id(self, choice: int) -> str:
+        """The id of choice ``choice``'s tool call (``chatcmpl-tool-...`` as vLLM names them)."""
+        return f"chatcmpl-tool-{self.response_id.partition('-')[2]}-{choice}"
 
     def _envelope(self, choices: list[object], *, final: bool) -> dict[str, object]:
         chat = self.operation is Operation.CHAT
@@ -199,25 +292,28 @@ class ResponseFormat:
             "choices": choices,
         }
 
-    def role_chunk(self) -> bytes:
-        """The chat stream's first event (empty content, role assistant)."""
+    def role_chunk(self, choice_index: int = 0) -> bytes:
+        """The chat stream's first event of a choice (empty content, role assistant)."""
         choice = {
-            "index": 0,
+            "index": choice_index,
             "delta": {"role": "assistant", "content": ""},
             "logprobs": None,
             "finish_reason": None,
         }
         return sse(self._envelope([choice], final=False))
 
-    def token_chunk(self, index: int, finish_reason: str | None, tokens: int = 1) -> bytes:
-        """The event carrying ``tokens`` tokens from ``index`` on (several when one step
-        emitted them, as vLLM streams speculative decoding); the last carries the finish reason."""
-        text = "".join(token_text(i) for i in range(index, index + tokens))
+    def token_chunk(
+        self, index: int, finish_reason: str | None, tokens: int = 1, choice_index: int = 0
+    ) -> bytes:
+        """The event of choice ``choice_index`` carrying ``tokens`` tokens from ``index`` on
+        (several when one step emitted them, as vLLM streams speculative decoding); the last
+        carries the finish reason."""
         choice: dict[str, object]
         if self.operation is Operation.CHAT:
+            delta = self.shape.chat_delta(index, tokens, self.tool_call_id(choice_index))
             choice = {
-                "index": 0,
-                "delta": {"content": text},
+                "index": choice_index,
+                "delta": delta,
                 "logprobs": None,
                 "finish_reason": finish_reason,
             }
@@ -225,8 +321,8 @@ class ResponseFormat:
                 choice["stop_reason"] = None
         else:
             choice = {
-                "index": 0,
-                "text": text,
+                "index": choice_index,
+                "text": self.shape.text(index, tokens),
                 "logprobs": None,
                 "finish_reason": finish_reason,
                 "stop_reason": None,
@@ -237,24 +333,17 @@ class ResponseFormat:
         """The usage-only event (``choices: []``), sent when the client asked for it."""
         return sse({**self._envelope([], final=False), "usage": usage_obj})
 
-    def body(self, n_tokens: int, finish_reason: str, usage_obj: dict[str, object]) -> str:
-        """The non-streaming JSON response."""
-        text = "".join(token_text(i) for i in range(n_tokens))
-        choice: dict[str, object]
-        if self.operation is Operation.CHAT:
-            choice = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
-                "finish_reason": finish_reason,
-                "stop_reason": None,
-            }
-        else:
-            choice = {
-                "index": 0,
-                "text": text,
-                "logprobs": None,
-                "finish_reason": finish_reason,
-                "stop_reason": None,
-            }
-        return dumps({**self._envelope([choice], final=True), "usage": usage_obj})
+    def body(
+        self, n_tokens: int, finish_reason: str, usage_obj: dict[str, object], choices: int = 1
+    ) -> str:
+        """The non-streaming JSON response: ``choices`` choices of ``n_tokens`` tokens each."""
+        out: list[object] = []
+        for i in range(choices):
+            choice: dict[str, object] = {"index": i}
+            if self.operation is Operation.CHAT:
+                choice["message"] = self.shape.message(n_tokens, self.tool_call_id(i))
+            else:
+                choice["text"] = self.shape.text(0, n_tokens)
+            choice.update(logprobs=None, finish_reason=finish_reason, stop_reason=None)
+            out.append(choice)
+        return dumps({**self._envelope(out, final=True), "usage": usage_obj})

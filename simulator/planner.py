@@ -18,6 +18,11 @@ Scheduling (FIFO throughout):
 - A sequence whose prefill completes emits its first token at the end of that
   step; every decoded sequence emits one. A sequence is done when it has emitted
   its output length, and leaves the batch.
+- A request with ``n > 1`` choices is prefilled once and then decodes its choices
+  side by side: each takes a place in the batch, costs a decoding sequence and
+  emits a token every step (all choices have the same length and end together).
+  Reasoning tokens are the first tokens of each choice and cost what any token
+  costs; the planner only notes when the first answer token came out.
 
 The batch has room while it holds fewer than ``max_num_seqs`` sequences and,
 with a KV budget, fewer than the budget's ``max_seqs``. The other techniques
@@ -68,6 +73,7 @@ class _Sequence:
         "cached",
         "computed",
         "emitted",
+        "first_answer_ns",
         "phase",
         "prefill_start_ns",
         "prefill_steps",
@@ -79,7 +85,8 @@ class _Sequence:
         self.phase = Phase.WAITING
         self.cached = 0
         self.computed = 0
-        self.emitted = 0
+        self.emitted = 0  # per choice
+        self.first_answer_ns: int | None = None
         self.prefill_start_ns: int | None = None
         self.prefill_steps = 0
 
@@ -131,8 +138,8 @@ class StepPlanner:
 
     @property
     def num_running(self) -> int:
-        """Sequences admitted (prefilling or decoding)."""
-        return len(self._running)
+        """Sequences admitted (prefilling or decoding; every choice of a request counts)."""
+        return sum(s.spec.choices for s in self._running.values())
 
     @property
     def num_decoding(self) -> int:
@@ -162,8 +169,12 @@ class StepPlanner:
 
     def add(self, spec: SequenceSpec) -> None:
         """Queue a request (FIFO)."""
-        if spec.prompt_tokens < 1 or spec.output_tokens < 1:
-            raise ValueError(f"{spec.response_id}: prompt_tokens and output_tokens must be >= 1")
+        if spec.prompt_tokens < 1 or spec.output_tokens < 1 or spec.choices < 1:
+            raise ValueError(
+                f"{spec.response_id}: prompt_tokens, output_tokens and choices must be >= 1"
+            )
+        if spec.reasoning_tokens < 0:
+            raise ValueError(f"{spec.response_id}: reasoning_tokens must be >= 0")
         if self.phase(spec.response_id) is not None:
             raise ValueError(f"{spec.response_id}: duplicate response id")
         self._waiting.append(_Sequence(spec))
@@ -177,6 +188,7 @@ class StepPlanner:
         seq.cached = handoff.cached_tokens
         seq.computed = handoff.spec.prompt_tokens
         seq.emitted = handoff.emitted
+        seq.first_answer_ns = handoff.first_answer_ns
         self._ready.append(seq)
 
     def abort(self, response_id: str, now_ns: int) -> FinishRecord | None:
@@ -191,15 +203,29 @@ class StepPlanner:
         if seq is None:
             return None
         seq.phase = Phase.FINISHED
+        return self._finish_record(seq, "abort", now_ns)
+
+    @staticmethod
+    def _finish_record(
+        seq: _Sequence, reason: Literal["length", "stop", "abort"], end_ns: int
+    ) -> FinishRecord:
         spec = seq.spec
         return FinishRecord(
-            spec.response_id, spec.x_request_id, "abort", seq.emitted, spec.arrival_ns, now_ns
+            spec.response_id,
+            spec.x_request_id,
+            reason,
+            seq.emitted * spec.choices,
+            spec.arrival_ns,
+            end_ns,
+            reasoning_tokens=min(spec.reasoning_tokens, seq.emitted) * spec.choices,
+            first_answer_ns=seq.first_answer_ns,
+            choices=spec.choices,
         )
 
     def _room(self) -> bool:
         kv = self._tech.kv_budget
         limit = self._cost.max_num_seqs if kv is None else min(self._cost.max_num_seqs, kv.max_seqs)
-        return len(self._running) < limit
+        return self.num_running < limit
 
     def plan(self, now_ns: int | None = None) -> StepPlan | None:
         """Fix the next step's work (admitting requests), or None when there is nothing to do.
@@ -212,7 +238,9 @@ class StepPlanner:
         while self._ready and self._room():
             seq = self._ready.popleft()
             self._running[seq.spec.response_id] = seq
-        decode_ids = tuple(rid for rid, s in self._running.items() if s.phase is Phase.DECODING)
+        decoding = [s for s in self._running.values() if s.phase is Phase.DECODING]
+        decode_ids = tuple(s.spec.response_id for s in decoding)
+        extra_choices = sum(s.spec.choices - 1 for s in decoding)
         pieces: list[PrefillPiece] = []
         chunk = self._cost.chunk_size
         if self._tech.static_batching is not None:
@@ -241,18 +269,19 @@ class StepPlanner:
             step=self._next_step,
             decode_ids=decode_ids,
             prefill=tuple(pieces),
-            duration_s=self._duration_s(decode_ids, pieces),
+            duration_s=self._duration_s(len(decode_ids) + extra_choices, pieces),
             waiting=self.num_waiting,
-            running=len(self._running),
+            running=self.num_running,
+            extra_choices=extra_choices,
         )
         self._next_step += 1
         self._pending = plan
         return plan
 
-    def _duration_s(self, decode_ids: tuple[str, ...], pieces: list[PrefillPiece]) -> float:
-        duration_s = self._cost.step_s(len(decode_ids), sum(p.tokens for p in pieces))
+    def _duration_s(self, decode_batch: int, pieces: list[PrefillPiece]) -> float:
+        duration_s = self._cost.step_s(decode_batch, sum(p.tokens for p in pieces))
         if self._tech.speculative is not None:
-            duration_s += self._tech.speculative.extra_s(len(decode_ids))
+            duration_s += self._tech.speculative.extra_s(decode_batch)
         disaggregated = self._tech.disaggregated
         if self._hand_off is not None and disaggregated is not None:
             for piece in pieces:
@@ -307,9 +336,11 @@ class StepPlanner:
                 continue
             n = 1
             if speculative is not None:
-                drafted += speculative.draft_tokens
+                # One draw per request: its choices keep the same length.
+                choices = seq.spec.choices
+                drafted += speculative.draft_tokens * choices
                 n = min(1 + speculative.accepted(self._rng), seq.spec.output_tokens - seq.emitted)
-                accepted += n - 1
+                accepted += (n - 1) * choices
             for _ in range(n):
                 self._emit(seq, plan.step, end_ns, out)
         kv = self._tech.kv_budget
@@ -372,26 +403,21 @@ class StepPlanner:
         self._emit(seq, step, end_ns, out)
         if self._hand_off is not None and spec.response_id in self._running:
             del self._running[spec.response_id]
-            handoff = Handoff(spec, seq.cached, seq.emitted)
+            handoff = Handoff(spec, seq.cached, seq.emitted, seq.first_answer_ns)
             out.handoffs.append(handoff)
             self._hand_off(handoff)
 
     def _emit(self, seq: _Sequence, step: int, end_ns: int, out: StepOutput) -> None:
         spec = seq.spec
-        out.tokens.append(
-            TokenRecord(spec.response_id, spec.x_request_id, seq.emitted, step, end_ns)
-        )
+        index = seq.emitted
+        for choice in range(spec.choices):
+            out.tokens.append(
+                TokenRecord(spec.response_id, spec.x_request_id, index, step, end_ns, choice)
+            )
+        if index == spec.reasoning_tokens:
+            seq.first_answer_ns = end_ns
         seq.emitted += 1
         if seq.emitted >= spec.output_tokens:
             seq.phase = Phase.FINISHED
             del self._running[spec.response_id]
-            out.finishes.append(
-                FinishRecord(
-                    spec.response_id,
-                    spec.x_request_id,
-                    spec.finish_reason,
-                    seq.emitted,
-                    spec.arrival_ns,
-                    end_ns,
-                )
-            )
+            out.finishes.append(self._finish_record(seq, spec.finish_reason, end_ns))

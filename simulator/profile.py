@@ -8,6 +8,10 @@ a flat JSON object in a file (see ``simulator/profiles/seed.json``)::
      "output_tokens": 64, "model": "tokenstamp-sim", "max_model_len": 131072}
 
 Only the three cost keys are required. Bad input raises ValueError naming the key.
+A reasoning model thinks before it answers: ``"reasoning_tokens": 64`` makes every
+chat request without its own ``sim_reasoning_tokens`` stream 64 reasoning deltas
+first, in the delta field ``"reasoning_field"`` names (``reasoning``, vLLM's since
+0.11.1, the default; or ``reasoning_content``: older vLLM, SGLang, llama.cpp).
 The seed's techniques are optional objects (absent or null: off), each with its
 cost (see :mod:`simulator.techniques`)::
 
@@ -44,8 +48,14 @@ _KNOWN_KEYS = frozenset(
         "output_tokens",
         "model",
         "max_model_len",
+        "reasoning_tokens",
+        "reasoning_field",
     }
 )
+REASONING_FIELDS = ("reasoning", "reasoning_content")
+"""Delta and message fields a reasoning model's thinking can come in: vLLM's current
+``reasoning`` (since 0.11.1; ``reasoning_content`` was removed in 0.16), and the older
+``reasoning_content`` that SGLang, llama.cpp and DeepSeek's API send."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,16 +74,26 @@ class Profile:
     """Largest prompt + output (tokens) a request may ask for; beyond it: HTTP 400."""
     techniques: Techniques = field(default_factory=Techniques)
     """The seed's optimisations the engine runs, with their costs (all off by default)."""
+    reasoning_tokens: int = 0
+    """Reasoning tokens of a chat request that does not say (``sim_reasoning_tokens``):
+    0 is a model that answers at once; more makes the whole run a reasoning model."""
+    reasoning_field: str = "reasoning"
+    """The delta and message field reasoning comes in (one of :data:`REASONING_FIELDS`)."""
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError(f"name: expected a non-empty string, got {self.name!r}")
         if not self.model:
             raise ValueError(f"model: expected a non-empty string, got {self.model!r}")
-        for key in ("output_tokens", "max_model_len"):
+        for key, least in (("output_tokens", 1), ("max_model_len", 1), ("reasoning_tokens", 0)):
             value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{key}: expected an integer >= 1, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{key}: expected an integer >= {least}, got {value!r}")
+        if self.reasoning_field not in REASONING_FIELDS:
+            raise ValueError(
+                f"reasoning_field: expected one of {', '.join(REASONING_FIELDS)}, "
+                f"got {self.reasoning_field!r}"
+            )
 
     def with_overrides(
         self,
@@ -82,6 +102,8 @@ class Profile:
         max_num_seqs: int | None = None,
         output_tokens: int | None = None,
         techniques: Techniques | None = None,
+        reasoning_tokens: int | None = None,
+        reasoning_field: str | None = None,
     ) -> Profile:
         """This profile with some knobs replaced (``chunk_size=None`` means unchunked).
 
@@ -97,6 +119,10 @@ class Profile:
             cost=cost,
             output_tokens=self.output_tokens if output_tokens is None else output_tokens,
             techniques=self.techniques if techniques is None else techniques,
+            reasoning_tokens=(
+                self.reasoning_tokens if reasoning_tokens is None else reasoning_tokens
+            ),
+            reasoning_field=self.reasoning_field if reasoning_field is None else reasoning_field,
         )
 
 
@@ -139,11 +165,11 @@ def profile_from_mapping(data: Mapping[str, object], *, default_name: str = "cus
     chunk_size = data.get("chunk_size")
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int)):
         raise ValueError(f"chunk_size: expected an integer or null, got {chunk_size!r}")
-    for key in ("max_num_seqs", "output_tokens", "max_model_len"):
+    for key in ("max_num_seqs", "output_tokens", "max_model_len", "reasoning_tokens"):
         value = data.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             raise ValueError(f"{key}: expected an integer, got {value!r}")
-    for key in ("name", "model"):
+    for key in ("name", "model", "reasoning_field"):
         value = data.get(key)
         if value is not None and not isinstance(value, str):
             raise ValueError(f"{key}: expected a string, got {value!r}")
@@ -157,6 +183,7 @@ def profile_from_mapping(data: Mapping[str, object], *, default_name: str = "cus
     )
     name = data.get("name")
     model = data.get("model")
+    field_name = data.get("reasoning_field")
     return Profile(
         name=name if isinstance(name, str) else default_name,
         cost=cost,
@@ -164,6 +191,8 @@ def profile_from_mapping(data: Mapping[str, object], *, default_name: str = "cus
         model=model if isinstance(model, str) else defaults.model,
         max_model_len=_int_or(data, "max_model_len", defaults.max_model_len),
         techniques=techniques_from_mapping(data),
+        reasoning_tokens=_int_or(data, "reasoning_tokens", defaults.reasoning_tokens),
+        reasoning_field=field_name if isinstance(field_name, str) else defaults.reasoning_field,
     )
 
 
@@ -191,6 +220,8 @@ def profile_to_mapping(profile: Profile) -> dict[str, object]:
         "output_tokens": profile.output_tokens,
         "model": profile.model,
         "max_model_len": profile.max_model_len,
+        "reasoning_tokens": profile.reasoning_tokens,
+        "reasoning_field": profile.reasoning_field,
         **profile.techniques.to_mapping(),
     }
 

@@ -72,6 +72,9 @@ class TokenRecord:
     """Index of the step that produced it (several tokens per step with speculative decoding)."""
     emit_ns: int
     """Monotonic time the engine handed the token to the server (= its step's ``end_ns``)."""
+    choice: int = 0
+    """Which choice of the request it belongs to (``n > 1``: 0 to ``n - 1``; each choice
+    emits its token ``index`` in the same step)."""
     type: Literal["token"] = "token"
     """Record type."""
 
@@ -113,11 +116,19 @@ class FinishRecord:
     finish_reason: Literal["length", "stop", "abort"]
     """``length`` (max_tokens reached), ``stop`` (default length reached) or ``abort``."""
     output_tokens: int
-    """Tokens emitted."""
+    """Tokens emitted, all choices (reasoning included)."""
     arrival_ns: int
     """Monotonic time the engine received the request."""
     end_ns: int
     """Emit time of its last token, or the abort time."""
+    reasoning_tokens: int = 0
+    """Of ``output_tokens``, those spent reasoning (all choices): what the usage chunk
+    reports as ``completion_tokens_details.reasoning_tokens``."""
+    first_answer_ns: int | None = None
+    """Emit time of its first answer token (the first after its reasoning; its first token
+    when it did not reason); None when none was emitted (reasoning ran out its length)."""
+    choices: int = 1
+    """Choices decoded side by side (the request's ``n``)."""
     type: Literal["finish"] = "finish"
     """Record type."""
 

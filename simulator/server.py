@@ -81,17 +81,23 @@ async def _stream(
     )
     await response.prepare(request)
     emitted = 0
+    choices = range(parsed.choices)
     try:
         while (event := await _next_event(request, handle)) is not None:
             if emitted == 0 and parsed.operation is Operation.CHAT:
-                # vLLM sends the role chunk when the first output arrives.
-                await response.write(fmt.role_chunk())
-            await response.write(fmt.token_chunk(event.index, event.finish_reason, event.tokens))
+                # vLLM sends the role chunks (one per choice) when the first output arrives.
+                await response.write(b"".join(fmt.role_chunk(i) for i in choices))
+            finish: str | None = event.finish_reason
+            if finish is not None:
+                finish = parsed.shape.finish_reason(finish)
+            # One chunk per choice, as vLLM streams n > 1 (a step's chunks in one write).
+            await response.write(
+                b"".join(fmt.token_chunk(event.index, finish, event.tokens, i) for i in choices)
+            )
             emitted += event.tokens
-            if event.finish_reason is not None:
+            if finish is not None:
                 if parsed.include_usage:
-                    counts = usage(parsed.prompt_tokens, emitted, handle.cached_tokens)
-                    await response.write(fmt.usage_chunk(counts))
+                    await response.write(fmt.usage_chunk(_usage(parsed, handle, emitted)))
                 await response.write(DONE)
                 break
         await response.write_eof()
@@ -99,6 +105,13 @@ async def _stream(
         # Status and headers are out: nothing to tell; the caller aborts the sequence.
         pass
     return response
+
+
+def _usage(parsed: ParsedRequest, handle: RequestHandle, emitted: int) -> dict[str, object]:
+    """The usage of ``emitted`` tokens per choice, all choices counted."""
+    n = parsed.choices
+    reasoning = min(parsed.reasoning_tokens, emitted) * n if parsed.reasoning_tokens else None
+    return usage(parsed.prompt_tokens, emitted * n, handle.cached_tokens, reasoning)
 
 
 async def _whole(
@@ -112,9 +125,9 @@ async def _whole(
             return _error(503, "the simulator engine stopped")
         emitted += event.tokens
         finish_reason = event.finish_reason
-    counts = usage(parsed.prompt_tokens, emitted, handle.cached_tokens)
+    finish_reason = parsed.shape.finish_reason(finish_reason)
     return web.Response(
-        text=fmt.body(emitted, finish_reason, counts),
+        text=fmt.body(emitted, finish_reason, _usage(parsed, handle, emitted), parsed.choices),
         content_type="application/json",
         headers=_response_headers(handle.spec.x_request_id),
     )
@@ -133,7 +146,9 @@ async def _complete(request: web.Request, operation: Operation) -> web.StreamRes
     except RequestError as exc:
         return _error(400, str(exc), exc.param)
     prefix = "chatcmpl-" if operation is Operation.CHAT else "cmpl-"
-    fmt = ResponseFormat(operation, prefix + uuid.uuid4().hex, int(time.time()), parsed.model)
+    fmt = ResponseFormat(
+        operation, prefix + uuid.uuid4().hex, int(time.time()), parsed.model, parsed.shape
+    )
     handle = engine.submit(
         fmt.response_id,
         prompt_tokens=parsed.prompt_tokens,
@@ -141,6 +156,8 @@ async def _complete(request: web.Request, operation: Operation) -> web.StreamRes
         finish_reason=parsed.finish_reason,
         x_request_id=request.headers.get("X-Request-Id"),
         block_hashes=parsed.block_hashes,
+        reasoning_tokens=parsed.reasoning_tokens,
+        choices=parsed.choices,
     )
     try:
         if parsed.stream:
@@ -212,6 +229,7 @@ async def state(request: web.Request) -> web.Response:
             "model": profile.model,
             "cost": asdict(profile.cost),
             "output_tokens": profile.output_tokens,
+            "reasoning_tokens": profile.reasoning_tokens,
             "prefix_cache": engine.config.prefix_cache,
             "techniques": profile.techniques.to_mapping(),
             "num_waiting": engine.num_waiting,

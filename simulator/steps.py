@@ -39,6 +39,12 @@ class SequenceSpec:
     """Monotonic time the engine received it."""
     block_hashes: tuple[bytes, ...] = ()
     """Prefix-cache block hashes of the prompt (empty: never a cache hit)."""
+    reasoning_tokens: int = 0
+    """Of each choice's ``output_tokens``, how many come first as reasoning (a reasoning
+    model thinks before it answers); they cost decode steps like any token."""
+    choices: int = 1
+    """Choices decoded side by side after one prefill (the request's ``n``): each takes a
+    place in the batch and emits a token every step."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,16 +72,18 @@ class StepPlan:
     prefill: tuple[PrefillPiece, ...]
     """Prefill pieces, in FIFO order."""
     duration_s: float
-    """``cost.step_s(len(decode_ids), prefill_tokens)``, plus the techniques' extra costs."""
+    """``cost.step_s(decode_batch, prefill_tokens)``, plus the techniques' extra costs."""
     waiting: int = 0
     """Requests still queued once the step's admissions were made."""
     running: int = 0
     """Sequences in the batch (prefilling or decoding) once the step's admissions were made."""
+    extra_choices: int = 0
+    """Sequences decoded beyond one per request: ``sum(n - 1)`` over requests with ``n > 1``."""
 
     @property
     def decode_batch(self) -> int:
-        """Number of decoding sequences."""
-        return len(self.decode_ids)
+        """Number of decoding sequences (every choice of a request counts)."""
+        return len(self.decode_ids) + self.extra_choices
 
     @property
     def prefill_tokens(self) -> int:
@@ -109,6 +117,8 @@ class Handoff:
     """Prompt tokens its prefill found in the prefix cache."""
     emitted: int
     """Tokens already emitted (1: the first token came with the KV)."""
+    first_answer_ns: int | None = None
+    """Emit time of its first answer token, when it came with the KV (no reasoning)."""
 
 
 class StepOutput:

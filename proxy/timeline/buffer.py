@@ -9,6 +9,12 @@ window, and turns them into JSON-ready feed messages: a full snapshot for a
 new reader, then deltas holding only what changed since that reader's last
 message (``TimelineCursor``).
 
+A reasoning model's stream has two phases, thinking then answering, which the
+page colours apart. Where they meet is learnt live, when the sink's ``phase``
+reports the first answer event (at the tick just stamped) and the reasoning
+before it; a finished request's record then gives the exact stamps (its first
+reasoning and first answer events; also for a request that only reasoned).
+
 Memory is bounded by count whatever the traffic (``TimelineSettings``: streams,
 stamps per stream, stalls, prefills) and trimmed by time whenever a stream
 starts or a feed message is built. Only metadata is kept: request id, model,
@@ -25,7 +31,14 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
-from proxy.core.records import Backend, PrefillRecord, RequestLabels, RequestRecord, StallRecord
+from proxy.core.records import (
+    Backend,
+    Phase,
+    PrefillRecord,
+    RequestLabels,
+    RequestRecord,
+    StallRecord,
+)
 
 _MAX_MODEL_CHARS = 128
 _PRUNE_EVERY_NS = 1_000_000_000
@@ -63,6 +76,8 @@ class _Stream:
     """One stream's stamps and metadata."""
 
     __slots__ = (
+        "answer_ns",
+        "answer_ttft_ns",
         "end_ns",
         "first_token_ns",
         "forwarded_ns",
@@ -72,6 +87,9 @@ class _Stream:
         "prefill",
         "prompt_estimated",
         "prompt_tokens",
+        "reasoning_ns",
+        "reasoning_s",
+        "reasoning_tokens",
         "request_id",
         "stalls",
         "ticks",
@@ -97,6 +115,11 @@ class _Stream:
         self.outcome = ""
         self.stalls = 0  # stalls this stream suffered
         self.prefill: PrefillRecord | None = None
+        self.reasoning_ns: int | None = None  # first reasoning event
+        self.answer_ns: int | None = None  # first answer event
+        self.answer_ttft_ns: int | None = None
+        self.reasoning_s: float | None = None
+        self.reasoning_tokens: int | None = None
         self.version = 0  # bumped on every metadata change
 
 
@@ -185,7 +208,8 @@ class TimelineBuffer:
     # -- what the Sink face passes on --------------------------------------------------
 
     def request_finished(self, record: RequestRecord) -> None:
-        """Take a finished request's metadata (model, usage prompt tokens, TTFT, outcome)."""
+        """Take a finished request's metadata (model, usage prompt tokens, TTFT, outcome, and
+        where its reasoning and its answer began)."""
         s = self._streams.get(record.request_id)
         if s is None:
             return
@@ -197,9 +221,31 @@ class TimelineBuffer:
             s.prompt_tokens, s.prompt_estimated = record.prompt_tokens, False
         if record.first_token_ns is not None:
             s.ttft_ns = record.first_token_ns - record.arrival_ns
+        s.reasoning_ns = record.first_reasoning_ns
+        s.answer_ns = record.first_answer_ns
+        if record.first_answer_ns is not None:
+            s.answer_ttft_ns = record.first_answer_ns - record.arrival_ns
+        s.reasoning_s = record.reasoning_s
+        s.reasoning_tokens = record.reasoning_tokens
         s.outcome = record.outcome.value
         s.worst_gap_ns = max(s.worst_gap_ns, record.max_gap_ns)
         s.version += 1
+
+    def phase(self, request_id: str, phase: Phase, seconds: float) -> None:
+        """A live stream's first answer event (``Phase.ANSWER``, reported as that event's
+        tick is stamped: the row's newest tick), then the reasoning before it
+        (``Phase.REASONING``: that many seconds before the answer)."""
+        s = self._streams.get(request_id)
+        if s is None or s.last_ns is None or s.end_ns is not None:
+            return
+        if phase is Phase.ANSWER and s.answer_ns is None:
+            s.answer_ns = s.last_ns
+            s.answer_ttft_ns = round(seconds * 1e9)
+            s.version += 1
+        elif phase is Phase.REASONING and s.answer_ns is not None and s.reasoning_ns is None:
+            s.reasoning_ns = s.answer_ns - round(seconds * 1e9)
+            s.reasoning_s = seconds
+            s.version += 1
 
     def stall(self, record: StallRecord) -> None:
         """Keep a stall record; the stalled stream counts it."""
@@ -326,6 +372,11 @@ class TimelineBuffer:
             "prompt_estimated": s.prompt_estimated,
             "ttft_ms": _ms(s.ttft_ns),
             "upstream_ttft_ms": _ms(upstream_ttft_ns),
+            "reasoning_us": self._opt_us(s.reasoning_ns),
+            "answer_us": self._opt_us(s.answer_ns),
+            "answer_ttft_ms": _ms(s.answer_ttft_ns),
+            "reasoning_ms": None if s.reasoning_s is None else round(s.reasoning_s * 1000, 3),
+            "reasoning_tokens": s.reasoning_tokens,
             "worst_gap_ms": _ms(s.worst_gap_ns),
             "outcome": s.outcome,
             "stalls": s.stalls,
@@ -390,6 +441,17 @@ class TimelineSink:
     def request_finished(self, record: RequestRecord) -> None:
         """Metadata of the finished request."""
         self._buffer.request_finished(record)
+
+    def phase(
+        self,
+        labels: RequestLabels,
+        phase: Phase,
+        seconds: float,
+        request_id: str,
+        trace_id: str = "",
+    ) -> None:
+        """A phase of a live stream closed: its row's reasoning and answer parts."""
+        self._buffer.phase(request_id, phase, seconds)
 
     def decoder_error(self, backend: Backend, kind: str) -> None:
         """Ignored."""

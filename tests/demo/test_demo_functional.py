@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from demo.report import render_reasoning
 from demo.scenarios import run_queue_wait_ns
 from simulator.engine import MAX_CATCH_UP_NS
 
@@ -169,6 +170,24 @@ def test_each_stutter_run_is_drawn_as_png_and_html(results):
         page = html.read_text(encoding="utf-8")
         assert f"{run}-long-prompt" in page
         assert 'id="timeline-data"' in page
+
+
+@pytest.mark.timeout(120)
+def test_reasoning_model_table(results):
+    """The reasoning run's table: the proxy's figures beside the engine's, request by request
+    (closer checks of the same run in tests/demo/test_reasoning_functional.py)."""
+    r = results["reasoning"]
+    table = render_reasoning(r)
+    assert "first answer token" in table
+    for q in r["requests"]:
+        assert q["label"] in table
+        p, e = q["proxy"], q["engine"]
+        assert (p["answer_ttft_s"] is None) == (e["answer_ttft_s"] is None), q
+        assert (p["reasoning_s"] is None) == (e["reasoning_s"] is None), q
+        assert p["reasoning_tokens"] == (e["reasoning_tokens"] or None), q
+        if p["answer_ttft_s"] is not None:
+            assert p["answer_ttft_s"] >= e["answer_ttft_s"], q
+    assert Path(r["pictures"]["html"]).name == "timeline-reasoning.html"
 
 
 def test_run_queue_wait_comes_from_schedstat():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from simulator.cost import predict_seed_stutter, seed_cost_model
-from simulator.observe import observe_stutter
+from simulator.observe import observe_phases, observe_stutter
 from simulator.planner import SequenceSpec, StepPlanner
 from simulator.records import (
     GroundTruth,
@@ -99,3 +99,40 @@ def test_records_round_trip_through_jsonl():
 def test_record_from_dict_rejects_what_is_no_record(data):
     with pytest.raises(ValueError):
         record_from_dict(data)
+
+
+def _run(*specs: SequenceSpec) -> list[Record]:
+    """Run a planner with exact step times until every request finished."""
+    planner = StepPlanner(seed_cost_model(None))
+    for s in specs:
+        planner.add(s)
+    records: list[Record] = []
+    now_ns = 0
+    while (plan := planner.plan()) is not None:
+        start_ns, now_ns = now_ns, now_ns + round(plan.duration_s * 1e9)
+        result = planner.commit(plan, start_ns, now_ns)
+        records.extend((result.step, *result.prefills, *result.tokens, *result.finishes))
+    return records
+
+
+def test_phases_of_a_reasoning_request_from_the_records():
+    records = _run(
+        SequenceSpec("a", "x-a", 100, 10, "stop", 0, reasoning_tokens=4),
+        SequenceSpec("b", "x-b", 100, 3, "length", 0, reasoning_tokens=5),
+        SequenceSpec("c", "x-c", 100, 3, "stop", 0),
+    )
+    tokens = {(r.response_id, r.index): r.emit_ns for r in records if r.type == "token"}
+    a = observe_phases(records, "x-a")
+    assert a.ttft_s == tokens["a", 0] / 1e9
+    assert a.answer_ttft_s == tokens["a", 4] / 1e9
+    assert a.reasoning_s == (tokens["a", 4] - tokens["a", 0]) / 1e9
+    assert (a.reasoning_tokens, a.output_tokens) == (4, 10)
+    b = observe_phases(records, "x-b")  # its length ran out while it reasoned
+    assert b.answer_ttft_s is None
+    assert b.reasoning_s == (tokens["b", 2] - tokens["b", 0]) / 1e9
+    assert b.reasoning_tokens == 3
+    c = observe_phases(records, "x-c")  # no reasoning: the answer is the first token
+    assert c.answer_ttft_s == c.ttft_s
+    assert (c.reasoning_s, c.reasoning_tokens) == (None, 0)
+    with pytest.raises(ValueError, match="x-d"):
+        observe_phases(records, "x-d")

@@ -12,6 +12,10 @@
   const C = {
     tick: "#2b3445",
     tickDense: "#8f99aa",
+    tickReasoning: "#862e9c",
+    tickReasoningDense: "#c996d6",
+    reasoning: [174, 62, 201],
+    answer: [47, 158, 68],
     prefill: "#9db4dd",
     culprit: "#e8590c",
     stall: [240, 62, 62],
@@ -268,7 +272,8 @@
     const height = TOP + rows.length * rowH + AXIS_H;
     const culprits = culpritsOf(b);
     const x = (us) => gutter + ((us - v.from) / (v.to - v.from)) * plotW;
-    const geo = { gutter, plotW, rowH, rows, x, v, width, height, index: new Map(), bands: [], bars: [] };
+    const geo = { gutter, plotW, rowH, rows, x, v, width, height, index: new Map(), bands: [], bars: [],
+                  phases: [] };
     rows.forEach((s, i) => geo.index.set(s.id, i));
     b.geo = geo;
 
@@ -326,6 +331,24 @@
       ctx.fillStyle = isCulprit ? C.culprit : C.prefill;
       ctx.fillRect(px0, by, px1 - px0, bh);
       geo.bars.push({ stream: s.id, culprit: isCulprit, x0: px0, x1: px1, y0: by, y1: by + bh });
+      // a reasoning model's two phases: thinking (first reasoning to first answer event),
+      // then the answer, each a light band under the ticks
+      if (s.reasoning_us !== null && s.reasoning_us !== undefined) {
+        const answerUs = s.answer_us ?? null;
+        const rx0 = x(s.reasoning_us);
+        const rx1 = Math.max(x(answerUs ?? endUs), rx0 + 1);
+        const phase = { stream: s.id, open: s.end_us === null, y0, y1: y0 + rowH,
+                        reasoning: { x0: rx0, x1: rx1 }, answer: null };
+        ctx.fillStyle = `rgba(${C.reasoning.join(",")},0.22)`;
+        ctx.fillRect(rx0, y0, rx1 - rx0, rowH);
+        if (answerUs !== null && endUs > answerUs) {
+          const ax0 = x(answerUs), ax1 = Math.max(x(endUs), ax0 + 1);
+          ctx.fillStyle = `rgba(${C.answer.join(",")},0.22)`;
+          ctx.fillRect(ax0, y0, ax1 - ax0, rowH);
+          phase.answer = { x0: ax0, x1: ax1 };
+        }
+        geo.phases.push(phase);
+      }
     });
     // ticks: runs of touching pixel columns become one rectangle; where ticks are
     // denser than the pixels they fade, so the gaps (and stalls) stand out
@@ -338,21 +361,34 @@
       inView += k1 - k0;
       return [k0, k1];
     });
-    ctx.fillStyle = inView > 0.5 * rows.length * plotW ? C.tickDense : C.tick;
-    ctx.beginPath();
-    rows.forEach((s, i) => {
-      const ty = TOP + i * rowH + Math.floor((rowH - th) / 2);
-      const a = s.ticks;
-      let runStart = -2, runEnd = -2;
-      for (let k = spans[i][0]; k < spans[i][1]; k++) {
-        const px = Math.floor(gutter + (a[k] - v.from) * scale);
-        if (px <= runEnd + 1) { runEnd = Math.max(runEnd, px); continue; }
+    const dense = inView > 0.5 * rows.length * plotW;
+    // A reasoning stream's ticks before its first answer event are reasoning: a path of
+    // their own, in the reasoning colour.
+    const cut = rows.map((s, i) => (s.reasoning_us === null || s.reasoning_us === undefined
+      ? spans[i][0]
+      : lowerBound(s.ticks, spans[i][0], s.answer_us ?? Infinity)));
+    const tickPath = (part) => {
+      ctx.beginPath();
+      rows.forEach((s, i) => {
+        const ty = TOP + i * rowH + Math.floor((rowH - th) / 2);
+        const a = s.ticks;
+        const k0 = part === "reasoning" ? spans[i][0] : Math.max(spans[i][0], cut[i]);
+        const k1 = part === "reasoning" ? Math.min(spans[i][1], cut[i]) : spans[i][1];
+        let runStart = -2, runEnd = -2;
+        for (let k = k0; k < k1; k++) {
+          const px = Math.floor(gutter + (a[k] - v.from) * scale);
+          if (px <= runEnd + 1) { runEnd = Math.max(runEnd, px); continue; }
+          if (runEnd >= 0) ctx.rect(runStart, ty, runEnd - runStart + 1, th);
+          runStart = runEnd = px;
+        }
         if (runEnd >= 0) ctx.rect(runStart, ty, runEnd - runStart + 1, th);
-        runStart = runEnd = px;
-      }
-      if (runEnd >= 0) ctx.rect(runStart, ty, runEnd - runStart + 1, th);
-    });
-    ctx.fill();
+      });
+      ctx.fill();
+    };
+    ctx.fillStyle = dense ? C.tickDense : C.tick;
+    tickPath("answer");
+    ctx.fillStyle = dense ? C.tickReasoningDense : C.tickReasoning;
+    tickPath("reasoning");
     // stalls, over the ticks (a stall is a gap: only its two edge ticks are covered)
     for (const st of b.stalls.values()) {
       const i = geo.index.get(st.stream);
@@ -535,6 +571,11 @@
         : (s.prompt_estimated ? `≈${s.prompt_tokens} (estimated)` : String(s.prompt_tokens)));
       if (s.ttft_ms !== null) row(t, "TTFT", fmtMs(s.ttft_ms));
       else row(t, "TTFT (upstream)", s.upstream_ttft_ms === null ? "waiting for first token" : fmtMs(s.upstream_ttft_ms));
+      if (s.reasoning_us !== null && s.reasoning_us !== undefined) {
+        const n = s.reasoning_tokens;
+        row(t, "reasoning", `${fmtMs(s.reasoning_ms)}${n ? `, ${n} tokens` : ""}`, "reasoning");
+        row(t, "first answer", s.answer_ttft_ms === null ? "none (only reasoned)" : fmtMs(s.answer_ttft_ms));
+      }
       row(t, "worst gap", s.tokens > 1 ? fmtMs(s.worst_gap_ms) : "–");
       row(t, "tokens", String(s.tokens));
       row(t, "state", s.end_us === null ? "streaming" : `finished${s.outcome ? ` (${s.outcome})` : ""}`);
@@ -586,6 +627,7 @@
         x: { from_us: v.from, to_us: v.to, left_px: g.gutter, width_px: g.plotW },
         bands: g.bands.slice(0, 2000),
         culprit_bars: g.bars.filter((bar) => bar.culprit),
+        phases: g.phases.slice(0, 2000),
       });
     }
     window.__timelineState = {

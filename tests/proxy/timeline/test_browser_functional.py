@@ -28,7 +28,7 @@ import aiohttp
 import pytest
 
 from demo.pictures import static_data, write_html
-from demo.scenarios import run_stutter
+from demo.scenarios import chat_body, run_stutter, stream
 from proxy.config import HostPort, ProxyConfig
 from proxy.edge.server import start_proxy
 from proxy.timeline.tokenlog import TokenLog
@@ -167,7 +167,7 @@ def _pixel(canvas_index: int, x: float, y: float) -> str:
 
 
 @contextlib.asynccontextmanager
-async def simulator(ground_truth: Path) -> AsyncIterator[str]:
+async def simulator(ground_truth: Path, *options: str) -> AsyncIterator[str]:
     """The simulator (seed, unchunked) in its own process, as the demo runs it."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -175,7 +175,7 @@ async def simulator(ground_truth: Path) -> AsyncIterator[str]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "simulator", "simulate", "--listen", f"127.0.0.1:{port}",
         "--profile", "seed", "--chunk-size", "none", "--ground-truth", str(ground_truth),
-        "--nice", "-10",
+        "--nice", "-10", *options,
         stdin=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
@@ -365,3 +365,129 @@ async def test_recorded_page_opens_offline_with_200_streams_and_hostile_ids_stay
     assert inert
     assert errors == []
     assert console == []
+
+
+THINKERS = {
+    # request id: body extensions (the simulator reasons 12 tokens unless told)
+    "thinks": {},
+    "thinks-long": {"sim_reasoning_tokens": 30, "max_tokens": 110},
+    "calls-a-tool": {"sim_reasoning_tokens": 6, "sim_tool_call": True},
+    "answers-at-once": {"sim_reasoning_tokens": 0},
+}
+
+
+def thinker_body(extra: dict[str, object]) -> dict[str, object]:
+    """A streamed chat request, a short prompt, the output length the simulator's unless given."""
+    body = chat_body(prompt_tokens=64, max_tokens=1)
+    del body["max_tokens"]
+    return {**body, **extra}
+
+
+def _rgb_read(phase_box: dict[str, float], y: float) -> str:
+    return _pixel(0, (phase_box["x0"] + phase_box["x1"]) / 2, y)
+
+
+@pytest.mark.timeout(90)
+async def test_timeline_colours_a_reasoning_streams_two_phases_where_the_truth_puts_them(tmp_path):
+    truth_path = tmp_path / "truth.jsonl"
+    options = ("--reasoning-tokens", "12", "--output-tokens", "16")
+    async with simulator(truth_path, *options) as sim_url:
+        log = TokenLog()
+        config = ProxyConfig(
+            upstream=sim_url,
+            listen=HostPort("127.0.0.1", 0),
+            admin=HostPort("127.0.0.1", 0),
+            backend_name="simulator",
+            provider="tokenstamp-sim",
+            timeline=True,
+            timeline_window_s=20.0,
+        )
+        proxy = await start_proxy(config, watcher=log)
+        try:
+            assert proxy.timeline is not None
+            origin_ns = proxy.timeline.origin_ns
+            async with chromium(tmp_path) as page:
+                await page.call("Page.navigate", url=proxy.admin_url + "/timeline")
+                await page.wait_for(
+                    "window.__timelineState && window.__timelineState.connected", 15, "the feed"
+                )
+                async with aiohttp.ClientSession() as session:
+                    load = asyncio.gather(
+                        *(
+                            stream(session, proxy.url, thinker_body(extra), rid)
+                            for rid, extra in THINKERS.items()
+                        )
+                    )
+                    # Live, before it ends: the long thinker's answer began, its phases show.
+                    live = await page.wait_for(
+                        "(window.__timelineState.backends[0] || {phases: []}).phases.find(p =>"
+                        " p.stream === 'thinks-long' && p.open && p.answer)",
+                        30,
+                        "the long thinker's answer, live",
+                    )
+                    await load
+                state = await page.wait_for(
+                    "(() => { const st = window.__timelineState; const b = st.backends[0];"
+                    " return b && b.phases.length === 3 && b.phases.every(p => !p.open) && st; })()",
+                    10,
+                    "every stream's phases, finished",
+                )
+                await page.js("document.getElementById('pause').click()")
+                state = await page.wait_for(
+                    "window.__timelineState.paused && window.__timelineState", 5, "pause"
+                )
+                ARTIFACTS.mkdir(parents=True, exist_ok=True)
+                await page.screenshot(ARTIFACTS / "timeline-reasoning.png")
+                phases = {p["stream"]: p for p in state["backends"][0]["phases"]}
+                pixels = {}
+                for rid, p in phases.items():
+                    # The row's top edge: under the band, above the ticks.
+                    pixels[rid] = (
+                        await page.js(_rgb_read(p["reasoning"], p["y0"] + 1)),
+                        None
+                        if p["answer"] is None
+                        else await page.js(_rgb_read(p["answer"], p["y0"] + 1)),
+                    )
+                errors = await page.js("window.__timelineState.errors")
+                console = list(page.errors)
+        finally:
+            await proxy.close(drain_timeout_s=2.0)
+    truth = [json.loads(line) for line in truth_path.read_text(encoding="utf-8").splitlines()]
+    first_answer = {r["x_request_id"]: r["first_answer_ns"] for r in truth if r["type"] == "finish"}
+    first_token = {r["x_request_id"]: r["end_ns"] for r in truth if r["type"] == "prefill"}
+
+    assert live["answer"] is not None
+    assert errors == []
+    assert console == []
+    # Only the streams that reasoned have two phases; the one that answered at once has none.
+    assert set(phases) == {"thinks", "thinks-long", "calls-a-tool"}
+    x = state["backends"][0]["x"]
+
+    def px(ns: int) -> float:
+        us = (ns - origin_ns) / 1000
+        return x["left_px"] + (us - x["from_us"]) / (x["to_us"] - x["from_us"]) * x["width_px"]
+
+    slack_px = 0.020 * 1e6 / (x["to_us"] - x["from_us"]) * x["width_px"] + 1  # 20 ms
+    for rid, p in phases.items():
+        # Reasoning from the first token to the first answer token, as the engine emitted them.
+        assert abs(p["reasoning"]["x0"] - px(first_token[rid])) <= slack_px, (rid, p)
+        assert abs(p["reasoning"]["x1"] - px(first_answer[rid])) <= slack_px, (rid, p)
+        assert p["answer"] is not None
+        assert abs(p["answer"]["x0"] - px(first_answer[rid])) <= slack_px, (rid, p)
+        reasoning, answer = pixels[rid]
+        assert violet(reasoning), (rid, reasoning)
+        assert green(answer), (rid, answer)
+
+
+def violet(rgba: list[int]) -> bool:
+    """The reasoning band over a white or zebra row, as painted (opaque canvas)."""
+    red, green, blue, alpha = rgba
+    return alpha == 255 and blue > green + 20 and red > green + 15
+
+
+def green(rgba: list[int] | None) -> bool:
+    """The answer band over a white or zebra row."""
+    if rgba is None:
+        return False
+    red, green, blue, alpha = rgba
+    return alpha == 255 and green > red + 15 and green > blue + 10

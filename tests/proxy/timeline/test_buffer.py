@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from proxy.core.records import (
     Backend,
     Outcome,
+    Phase,
     PrefillRecord,
     RequestLabels,
     RequestRecord,
@@ -140,6 +141,73 @@ def test_records_in_json_out():
     ]
     assert msg["prefills"][0]["request_id"] == "long"
     assert msg["prefills"][0]["first_token_us"] == 178_000
+
+
+def test_a_reasoning_stream_says_where_its_answer_begins():
+    buf = TimelineBuffer(BACKEND, origin_ns=ORIGIN)
+    ticks = [ORIGIN + t * MS for t in (100, 125, 150, 175, 200)]
+    stream(buf, "thinker", ORIGIN + 1 * MS, ticks, end=ORIGIN + 201 * MS)
+    stream(buf, "plain", ORIGIN + 1 * MS, ticks, end=ORIGIN + 201 * MS)
+    assert by_id(buf.snapshot(ORIGIN + 300 * MS))["thinker"]["reasoning_us"] is None
+    buf.sink.request_finished(
+        record(
+            "thinker",
+            first_token_ns=ticks[0],
+            first_reasoning_ns=ticks[0],
+            first_answer_ns=ticks[3],
+            reasoning_events=3,
+            reported_reasoning_tokens=30,
+        )
+    )
+    buf.sink.request_finished(record("plain", first_token_ns=ticks[0], first_answer_ns=ticks[0]))
+    streams = by_id(buf.snapshot(ORIGIN + 300 * MS))
+    thinker = streams["thinker"]
+    assert (thinker["reasoning_us"], thinker["answer_us"]) == (100_000, 175_000)
+    assert thinker["answer_ttft_ms"] == 175.0
+    assert thinker["reasoning_ms"] == 75.0
+    assert thinker["reasoning_tokens"] == 30  # the backend's count wins over events
+    plain = streams["plain"]
+    assert (plain["reasoning_us"], plain["answer_us"]) == (None, 100_000)
+    assert plain["reasoning_ms"] is None
+    assert plain["reasoning_tokens"] is None
+
+
+def test_a_live_stream_learns_its_phases_from_the_sink_as_its_answer_begins():
+    buf = TimelineBuffer(BACKEND, origin_ns=ORIGIN)
+    ticks = [ORIGIN + t * MS for t in (100, 125, 150)]
+    stream(buf, "thinker", ORIGIN + 1 * MS, ticks)  # open: no record yet
+    # The timer reports the first answer event right after stamping its tick, then the
+    # reasoning before it.
+    buf.sink.phase(LABELS, Phase.ANSWER, 0.150, "thinker")
+    buf.sink.phase(LABELS, Phase.REASONING, 0.050, "thinker")
+    buf.sink.phase(LABELS, Phase.TOOL_CALL, 0.150, "thinker")  # nothing to draw
+    buf.sink.phase(LABELS, Phase.ANSWER, 0.150, "nobody")  # not a row: ignored
+    live = by_id(buf.snapshot(ORIGIN + 160 * MS))["thinker"]
+    assert (live["reasoning_us"], live["answer_us"]) == (100_000, 150_000)
+    assert (live["answer_ttft_ms"], live["reasoning_ms"]) == (150.0, 50.0)
+    # A stream without reasoning learns only where its answer began: no phases to draw.
+    stream(buf, "plain", ORIGIN + 1 * MS, [ORIGIN + 90 * MS])
+    buf.sink.phase(LABELS, Phase.ANSWER, 0.090, "plain")
+    plain = by_id(buf.snapshot(ORIGIN + 160 * MS))["plain"]
+    assert (plain["reasoning_us"], plain["answer_us"]) == (None, 90_000)
+
+
+def test_a_stream_that_only_reasoned_has_no_answer():
+    buf = TimelineBuffer(BACKEND, origin_ns=ORIGIN)
+    stream(buf, "r", ORIGIN + 1 * MS, [ORIGIN + 100 * MS, ORIGIN + 150 * MS], ORIGIN + 160 * MS)
+    buf.sink.request_finished(
+        record(
+            "r",
+            first_token_ns=ORIGIN + 100 * MS,
+            first_reasoning_ns=ORIGIN + 100 * MS,
+            end_ns=ORIGIN + 160 * MS,
+            reasoning_events=2,
+        )
+    )
+    r = by_id(buf.snapshot(ORIGIN + 300 * MS))["r"]
+    assert (r["reasoning_us"], r["answer_us"], r["answer_ttft_ms"]) == (100_000, None, None)
+    assert r["reasoning_ms"] == 60.0  # to the end
+    assert r["reasoning_tokens"] == 2
 
 
 def test_estimate_shown_until_usage_arrives():
