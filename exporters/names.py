@@ -426,11 +426,13 @@ def tenant_attrs(inst: Instrument) -> tuple[str, ...]:
 
 
 def prometheus_series_names() -> frozenset[str]:
-    """Every sample name a scrape of ``/metrics`` can contain (with suffixes)."""
+    """Every series name Prometheus can hold of the proxy (with suffixes): a histogram's
+    classic ``_bucket``, ``_sum``, ``_count`` and its native series, the bare name (scraped
+    with native histograms on, or written from OTLP exponential histograms)."""
     out: set[str] = set()
     for inst in ALL:
         if inst.kind is Kind.HISTOGRAM:
-            out.update(inst.prom_name + s for s in ("_bucket", "_sum", "_count"))
+            out.update(inst.prom_name + s for s in ("", "_bucket", "_sum", "_count"))
         elif inst.kind is Kind.COUNTER:
             out.update((inst.prom_name + "_total", inst.prom_name + "_created"))
         else:
