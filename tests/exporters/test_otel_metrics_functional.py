@@ -175,8 +175,12 @@ async def _stream(session: aiohttp.ClientSession, url: str, i: int, max_tokens: 
         await resp.read()
 
 
-async def drive(proxy: RunningProxy) -> str:
-    """Streams, a stalling long prompt, a non-streamed and an unobservable request; the scrape."""
+async def drive(proxy: RunningProxy, settle_s: float = 0.0) -> str:
+    """Streams, a stalling long prompt, a non-streamed and an unobservable request; the scrape.
+
+    Every stall is made final by moving the stall view's clock 10 s ahead; for a
+    proxy that serves more waves of traffic after this one, ``settle_s`` waits that
+    long instead (the stall view decides within 2 s)."""
     url = proxy.url
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         async with asyncio.TaskGroup() as group:
@@ -193,7 +197,11 @@ async def drive(proxy: RunningProxy) -> str:
         async with session.post(url + "/v1/chat/completions", data=b"not json") as resp:
             await resp.read()
         assert proxy.stalls is not None
-        proxy.stalls.flush(time.monotonic_ns() + 10 * 10**9)  # every stall and prefill final
+        if settle_s:
+            await asyncio.sleep(settle_s)
+            proxy.stalls.flush(time.monotonic_ns())
+        else:
+            proxy.stalls.flush(time.monotonic_ns() + 10 * 10**9)  # every stall and prefill final
         async with session.get(proxy.admin_url + "/metrics") as resp:
             return await resp.text()
 
