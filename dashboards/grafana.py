@@ -67,9 +67,9 @@ def percentiles(
 
 
 def buckets(inst: names.Instrument, sel: str, window: str) -> Query:
-    """A heatmap query: what each bucket of histogram ``inst`` gained over ``window``."""
-    expr = f"sum by (le) (increase({inst.prom_name}_bucket{sel}[{window}]))"
-    return Query(expr, legend("le"), heatmap=True)
+    """A heatmap query: what each bucket of histogram ``inst`` gained over ``window`` (a
+    native histogram, which Grafana's heatmap draws itself, or the classic buckets)."""
+    return Query(promql.buckets_increase(inst, sel, window), legend("le"), heatmap=True)
 
 
 def _target(q: Query, ref_id: str) -> Json:

@@ -2,6 +2,21 @@
 
 Plain string building, nothing clever: every function returns one PromQL
 expression. Metric names always come from an ``exporters.names.Instrument``.
+
+Histograms are read in both encodings Prometheus may hold: native (one series
+``name{...}`` per label set, scraped with ``--enable-feature=native-histograms``
+or written from OTLP exponential histograms) and classic (``name_bucket{le}``,
+``name_sum``, ``name_count``). Each reader asks for the native form first and
+falls back to the classic one per group, with ``or``: the count and sum as
+``histogram_count(native) or classic``; a percentile as
+``histogram_quantile(q, native or ignoring (le) classic)``, because Prometheus
+(2.42 at least) returns nothing for a group that hands it both a native
+histogram and classic buckets, and ``ignoring (le)`` drops the buckets of every
+group that has a native histogram; a share above a bound as
+``1 - histogram_fraction(-Inf, bound, native)`` or the classic estimate. All of
+them exist in Prometheus 2.40 and later. A group keeps to one encoding at each
+evaluation, never a sum of both (a native and a classic replica of one
+backend, during a switch-over, count as the native one alone).
 """
 
 from __future__ import annotations
@@ -62,28 +77,66 @@ def counter_rate(inst: names.Instrument, sel: str, window: str, labels: Sequence
     return sum_rate(inst.prom_series, sel, window, labels)
 
 
+def _histogram(inst: names.Instrument) -> None:
+    if inst.kind is not names.Kind.HISTOGRAM:
+        raise ValueError(f"{inst.name} is not a histogram")
+
+
 def hist_rate(
     inst: names.Instrument, part: str, sel: str, window: str, labels: Sequence[str] = ()
 ) -> str:
-    """Summed rate of a histogram's ``_sum``, ``_count`` or ``_bucket`` series."""
-    if inst.kind is not names.Kind.HISTOGRAM or part not in ("sum", "count", "bucket"):
+    """Summed rate of a histogram's classic ``_sum``, ``_count`` or ``_bucket`` series."""
+    _histogram(inst)
+    if part not in ("sum", "count", "bucket"):
         raise ValueError(f"{inst.name}: no _{part} series")
     return sum_rate(f"{inst.prom_name}_{part}", sel, window, labels)
+
+
+def native_rate(inst: names.Instrument, sel: str, window: str, labels: Sequence[str] = ()) -> str:
+    """Summed rate of a histogram's native series (a native histogram per group)."""
+    _histogram(inst)
+    return sum_rate(inst.prom_name, sel, window, labels)
+
+
+def _either(native: str, classic: str, matching: str = "") -> str:
+    """``native or classic``, each on its own lines, in parentheses."""
+    return f"(\n  {_indent(native)}\nor{matching}\n  {_indent(classic)}\n)"
+
+
+def count_rate(inst: names.Instrument, sel: str, window: str, labels: Sequence[str] = ()) -> str:
+    """Observations per second of a histogram, native or classic."""
+    native = f"histogram_count({native_rate(inst, sel, window, labels)})"
+    return _either(native, hist_rate(inst, "count", sel, window, labels))
+
+
+def sum_of_rate(inst: names.Instrument, sel: str, window: str, labels: Sequence[str] = ()) -> str:
+    """Per-second sum of a histogram's observations (seconds per second, tokens per
+    second...), native or classic."""
+    native = f"histogram_sum({native_rate(inst, sel, window, labels)})"
+    return _either(native, hist_rate(inst, "sum", sel, window, labels))
 
 
 def quantile(
     q: float, inst: names.Instrument, sel: str, window: str, labels: Sequence[str] = ()
 ) -> str:
-    """``histogram_quantile`` of a histogram instrument, per ``labels``."""
-    buckets = hist_rate(inst, "bucket", sel, window, ("le", *labels))
-    return f"histogram_quantile({num(q)}, {buckets})"
+    """``histogram_quantile`` of a histogram instrument, per ``labels``, native or classic."""
+    native = native_rate(inst, sel, window, labels)
+    classic = hist_rate(inst, "bucket", sel, window, ("le", *labels))
+    return f"histogram_quantile({num(q)}, {_either(native, classic, ' ignoring (le)')})"
+
+
+def buckets_increase(inst: names.Instrument, sel: str, window: str) -> str:
+    """What each bucket gained over ``window`` (a heatmap): the native histogram, else the
+    classic buckets by ``le``."""
+    _histogram(inst)
+    native = f"sum(increase({inst.prom_name}{sel}[{window}]))"
+    classic = f"sum by (le) (increase({inst.prom_name}_bucket{sel}[{window}]))"
+    return f"{native}\nor ignoring (le)\n{classic}"
 
 
 def mean(inst: names.Instrument, sel: str, window: str, labels: Sequence[str] = ()) -> str:
-    """Mean observation of a histogram: rate of ``_sum`` over rate of ``_count``."""
-    s = hist_rate(inst, "sum", sel, window, labels)
-    c = hist_rate(inst, "count", sel, window, labels)
-    return f"{s}\n/\n{c}"
+    """Mean observation of a histogram: rate of its sum over rate of its count."""
+    return f"{sum_of_rate(inst, sel, window, labels)}\n/\n{count_rate(inst, sel, window, labels)}"
 
 
 def ratio(part: str, whole: str) -> str:
@@ -142,10 +195,17 @@ def rate_le(
 def share_above(
     inst: names.Instrument, bound: float, sel: str, window: str, labels: Sequence[str] = ()
 ) -> str:
-    """Share of a histogram's observations above ``bound``: ``1 - le(bound) / count``."""
+    """Share of a histogram's observations above ``bound``, native or classic.
+
+    Native: ``1 - histogram_fraction(-Inf, bound, ...)``, interpolated inside the one
+    exponential bucket that holds ``bound`` (at most a few percent wide). Classic:
+    ``1 - le(bound) / count`` (``rate_le``: exact on a bucket boundary).
+    """
+    native = f"1 - histogram_fraction(-Inf, {num(bound)}, {native_rate(inst, sel, window, labels)})"
     good = rate_le(inst, bound, sel, window, labels)
     total = hist_rate(inst, "count", sel, window, labels)
-    return f"1 - (\n  {_indent(good)}\n/\n  {total}\n)"
+    classic = f"1 - (\n  {_indent(good)}\n/\n  {total}\n)"
+    return _either(native, classic)
 
 
 def _indent(expr: str) -> str:

@@ -88,7 +88,7 @@ def backend_rules(config: Config) -> list[Rule]:
         ),
         _rule(stutter, promql.counter_rate(names.STUTTER_COST, s, w, by)),
         _rule(record_name(STUTTER_SHARE, w), stutter + per_stream),
-        _rule(unattributed, promql.hist_rate(names.STALL_DURATION, "sum", unattr_sel, w, by)),
+        _rule(unattributed, promql.sum_of_rate(names.STALL_DURATION, unattr_sel, w, by)),
         _rule(record_name(UNATTRIBUTED_SHARE, w), unattributed + per_stream),
         _rule(
             record_name(UPSTREAM_ERRORS, w),

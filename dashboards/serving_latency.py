@@ -89,8 +89,8 @@ def _thinking(lay: Layout, config: Config, s: str, out_tokens: str) -> None:
     text, a tool call) comes after the reasoning. Without reasoning the two are equal.
     """
     answer = config.answer_ttft_target_s
-    reasoning = promql.hist_rate(names.REASONING_TOKENS, "sum", s, RI, (BACKEND,))
-    output = promql.hist_rate(names.TOKEN_USAGE, "sum", out_tokens, RI, (BACKEND,))
+    reasoning = promql.sum_of_rate(names.REASONING_TOKENS, s, RI, (BACKEND,))
+    output = promql.sum_of_rate(names.TOKEN_USAGE, out_tokens, RI, (BACKEND,))
     lay.row("Thinking vs answering")
     lay.add(timeseries(
         "TTFT and time to first answer p50 / p90", "First output event (TTFT) beside the first "
@@ -190,10 +190,10 @@ def build(config: Config) -> Json:
     goodput = _share(slo, met, s)
     goodput_by = _share(slo, met, s, (BACKEND,))
     active = f"sum({names.STREAMS_ACTIVE.prom_series}{s})"
-    tokens = promql.hist_rate(names.TOKEN_USAGE, "sum", out_tokens, RI)
-    tokens_by = promql.hist_rate(names.TOKEN_USAGE, "sum", out_tokens, RI, (BACKEND,))
-    ttft_sum = promql.hist_rate(names.TTFT, "sum", s, RI, (BACKEND,))
-    duration_sum = promql.hist_rate(names.DURATION, "sum", s, RI, (BACKEND,))
+    tokens = promql.sum_of_rate(names.TOKEN_USAGE, out_tokens, RI)
+    tokens_by = promql.sum_of_rate(names.TOKEN_USAGE, out_tokens, RI, (BACKEND,))
+    ttft_sum = promql.sum_of_rate(names.TTFT, s, RI, (BACKEND,))
+    duration_sum = promql.sum_of_rate(names.DURATION, s, RI, (BACKEND,))
     outcome = names.label_name(names.OUTCOME)
     status = names.label_name(names.STATUS_CODE)
     backend_only = promql.matchers(f'{BACKEND}=~"$backend"')

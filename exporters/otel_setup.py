@@ -15,6 +15,12 @@ plus ``--otlp-endpoint``. Export is off while no endpoint is set:
   ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_TRACES_SAMPLER(_ARG)``, ``OTEL_BSP_*``,
   ``OTEL_METRIC_EXPORT_INTERVAL``, ``OTEL_EXPORTER_OTLP_(HEADERS|COMPRESSION|CERTIFICATE)``.
 
+Histograms (``--otlp-histograms``): base-2 exponential by default (OTLP
+``ExponentialHistogram``, at most ``names.EXPONENTIAL_MAX_SIZE`` buckets from
+scale ``names.EXPONENTIAL_MAX_SCALE`` down), or each instrument's explicit
+buckets. A view per histogram instrument fixes it, so the exporter's own
+``OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION`` does not apply to them.
+
 Spans go through a ``BatchSpanProcessor`` and metrics through a
 ``PeriodicExportingMetricReader``: both export from their own thread, so a
 dead or slow collector never blocks a request. A failed export is counted
@@ -36,16 +42,22 @@ from urllib.parse import urlsplit
 
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
+from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, Histogram, MeterProvider
 from opentelemetry.sdk.metrics.export import (
     MetricExportResult,
     MetricsData,
+)
+from opentelemetry.sdk.metrics.view import (
+    ExplicitBucketHistogramAggregation,
+    ExponentialBucketHistogramAggregation,
+    View,
 )
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExportResult
 
-from exporters.otel_gaps import GapBridgeReader, GapHistograms
+from exporters import names
+from exporters.otel_gaps import SCOPE, GapBridgeReader, GapHistograms
 from proxy import __version__
 
 log = logging.getLogger("tokenstamp.telemetry")
@@ -248,10 +260,40 @@ class RateLimitFilter(logging.Filter):
         return True
 
 
+def histogram_views(aggregation: names.HistogramAggregation) -> list[View]:
+    """One view per histogram instrument of ``exporters.names``: base-2 exponential buckets,
+    or with ``EXPLICIT`` its own explicit ones (whatever the exporter would prefer)."""
+    views = []
+    for inst in names.ALL:
+        if inst.kind is not names.Kind.HISTOGRAM:
+            continue
+        buckets = (
+            ExponentialBucketHistogramAggregation(
+                max_size=names.EXPONENTIAL_MAX_SIZE, max_scale=names.EXPONENTIAL_MAX_SCALE
+            )
+            if aggregation is names.HistogramAggregation.EXPONENTIAL
+            else ExplicitBucketHistogramAggregation(boundaries=inst.buckets)
+        )
+        views.append(
+            View(
+                instrument_type=Histogram,
+                instrument_name=inst.name,
+                meter_name=SCOPE.name,
+                aggregation=buckets,
+            )
+        )
+    return views
+
+
 class Telemetry:
     """SDK providers built from ``OtlpSettings``; owned here, so flushed and shut down here."""
 
-    def __init__(self, settings: OtlpSettings, env: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        settings: OtlpSettings,
+        env: Mapping[str, str],
+        histograms: names.HistogramAggregation = names.HistogramAggregation.EXPONENTIAL,
+    ) -> None:
         self.settings = settings
         """Where each signal goes."""
         self.health = ExportHealth()
@@ -269,7 +311,11 @@ class Telemetry:
             exporter = _CountingSpanExporter(settings.traces_endpoint, self.health, timeout_s)
             self.tracer_provider.add_span_processor(BatchSpanProcessor(exporter))
         preference = env.get("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "")
-        self.gaps = GapHistograms(delta=preference.strip().lower() in ("delta", "lowmemory"))
+        self.histograms = names.HistogramAggregation(histograms)
+        """How the histograms are bucketed."""
+        self.gaps = GapHistograms(
+            delta=preference.strip().lower() in ("delta", "lowmemory"), aggregation=histograms
+        )
         """The inter-token gaps, aggregated in-process and added to each metrics export."""
         if settings.metrics_endpoint:
             reader = GapBridgeReader(
@@ -282,7 +328,10 @@ class Telemetry:
             # filter would only cost time: off unless OTEL_METRICS_EXEMPLAR_FILTER says so.
             exemplars = None if "OTEL_METRICS_EXEMPLAR_FILTER" in env else AlwaysOffExemplarFilter()
             self.meter_provider = MeterProvider(
-                metric_readers=[reader], resource=res, exemplar_filter=exemplars
+                metric_readers=[reader],
+                resource=res,
+                exemplar_filter=exemplars,
+                views=histogram_views(self.histograms),
             )
         for name in SDK_EXPORT_LOGGERS:
             logging.getLogger(name).addFilter(self.log_filter)
@@ -345,7 +394,12 @@ async def _off_loop(fn: Callable[[], None], timeout_s: float, name: str) -> bool
     return True
 
 
-def build_telemetry(endpoint: str, env: Mapping[str, str]) -> Telemetry | None:
-    """The providers ``--otlp-endpoint`` and ``env`` ask for, or ``None`` when export is off."""
+def build_telemetry(
+    endpoint: str,
+    env: Mapping[str, str],
+    histograms: names.HistogramAggregation = names.HistogramAggregation.EXPONENTIAL,
+) -> Telemetry | None:
+    """The providers ``--otlp-endpoint``, ``--otlp-histograms`` and ``env`` ask for, or
+    ``None`` when export is off."""
     settings = otlp_settings(endpoint, env)
-    return Telemetry(settings, env) if settings.enabled else None
+    return Telemetry(settings, env, histograms) if settings.enabled else None

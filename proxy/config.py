@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from exporters.names import HistogramAggregation
 from proxy.core.labels import CREDENTIAL_HEADERS
 
 ENV_PREFIX = "TOKENSTAMP_"
@@ -114,6 +115,9 @@ class ProxyConfig:
     otlp_endpoint: str = ""
     """OTLP/HTTP base URL for traces and metrics (``/v1/traces``, ``/v1/metrics`` appended);
     empty: ``OTEL_EXPORTER_OTLP_ENDPOINT`` if set, else no OTLP export."""
+    otlp_histograms: HistogramAggregation = HistogramAggregation.EXPONENTIAL
+    """How OTLP histograms are bucketed: base-2 ``exponential`` (OTLP ``ExponentialHistogram``,
+    Prometheus native histograms on the way in) or each instrument's ``explicit`` buckets."""
     capture_content: bool = False
     """Record prompt and completion text on spans (``gen_ai.input/output.messages``)."""
     timeline: bool = False
@@ -227,6 +231,15 @@ def _loop(key: str, value: str) -> str:
     return v
 
 
+def _histograms(key: str, value: str) -> HistogramAggregation:
+    v = value.strip().lower()
+    try:
+        return HistogramAggregation(v)
+    except ValueError:
+        choices = " or ".join(a.value for a in HistogramAggregation)
+        raise ConfigError(f"{key}: expected {choices}, got {value!r}") from None
+
+
 def _name(key: str, value: str) -> str:
     if not value.isprintable() or len(value) > 128:
         raise ConfigError(f"{key}: must be printable and at most 128 characters")
@@ -330,6 +343,10 @@ SERVE_OPTIONS: tuple[_Opt, ...] = (
     _Opt("otlp-endpoint", "otlp_endpoint", _url, "OTLP/HTTP collector base URL for spans and "
          "metrics, e.g. http://127.0.0.1:4318 (default: OTEL_EXPORTER_OTLP_ENDPOINT; unset: "
          "no OTLP export; the other OTEL_* variables apply)"),
+    _Opt("otlp-histograms", "otlp_histograms", _histograms, "how OTLP histograms are "
+         "bucketed: exponential (base-2 exponential histograms, at most 512 buckets; Prometheus "
+         "stores them as native histograms) or explicit (each metric's fixed buckets, as "
+         "/metrics has them) (default exponential)"),
     _Opt("capture-content", "capture_content", _bool, "record prompt and completion text on "
          "spans, capped at 16384 characters each: true/false (default false)"),
     _Opt("timeline", "timeline", _bool, "serve the live token timeline page at /timeline on "

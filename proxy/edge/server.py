@@ -241,7 +241,7 @@ async def start_proxy(
     telemetry = None
     if tracer_provider is None and meter_provider is None:
         try:
-            telemetry = build_telemetry(config.otlp_endpoint, os.environ)
+            telemetry = build_telemetry(config.otlp_endpoint, os.environ, config.otlp_histograms)
         except OtelConfigError as exc:
             raise ConfigError(str(exc)) from None
         if telemetry is not None:

@@ -215,26 +215,34 @@ def test_thinking_vs_answering_row():
         "Reasoning share of output tokens", "Time to first tool call p90",
         "Time to first answer SLO misses",
     }  # fmt: skip
-    # TTFT and the answer side by side, at the same quantiles, per backend.
+    # TTFT and the answer side by side, at the same quantiles, per backend: native
+    # histograms first, classic buckets where a backend has none.
     pairs = row["TTFT and time to first answer p50 / p90"]["targets"]
     for q in ("0.5", "0.9"):
         for inst in (names.TTFT, names.ANSWER_TTFT):
             (target,) = (
                 t for t in pairs
-                if t["expr"].startswith(f"histogram_quantile({q}, sum by (le, server_address) "
-                                        f"(rate({inst.prom_name}_bucket{{")
+                if t["expr"].startswith(f"histogram_quantile({q}, (\n  sum by (server_address) "
+                                        f"(rate({inst.prom_name}{{")
             )  # fmt: skip
+            assert "\nor ignoring (le)\n" in target["expr"]
+            assert f"sum by (le, server_address) (rate({inst.prom_name}_bucket{{" in target["expr"]
             assert "{{server_address}}" in target["legendFormat"]
     lines = [s["value"] for s in row["TTFT and time to first answer p50 / p90"]["fieldConfig"]
              ["defaults"]["thresholds"]["steps"]]  # fmt: skip
     assert lines == [None, config.ttft_target_s, config.answer_ttft_target_s]
     # Reasoning tokens over all output tokens, 0 (not absent) for a backend without reasoning.
     (share,) = row["Reasoning share of output tokens"]["targets"]
-    part, whole = share["expr"].split("\nor\n")
-    assert f"rate({names.REASONING_TOKENS.prom_name}_sum{{" in part
-    assert "0 * sum by (server_address) (rate(gen_ai_client_token_usage_sum{" in whole
-    assert share["expr"].count('gen_ai_token_type="output"') == 2
+    part, whole = share["expr"].split("\nor\n  0 * ")
+    reasoning = names.REASONING_TOKENS.prom_name
+    assert f"histogram_sum(sum by (server_address) (rate({reasoning}{{" in part
+    assert f"rate({reasoning}_sum{{" in part
+    assert "gen_ai_client_token_usage{" in whole
+    assert "gen_ai_client_token_usage_sum{" in whole
+    assert share["expr"].count('gen_ai_token_type="output"') == 4  # native and classic, twice
     (misses,) = row["Time to first answer SLO misses"]["targets"]
+    answer = promql.num(config.answer_ttft_target_s)
+    assert f"histogram_fraction(-Inf, {answer}, " in misses["expr"]
     assert f"{names.ANSWER_TTFT.prom_name}_bucket{{" in misses["expr"]
     assert promql.le_matcher(config.answer_ttft_target_s) in misses["expr"]
     burn = next(p for p in _panels(doc) if p["title"] == "Time to first answer SLO burn rate")

@@ -54,7 +54,10 @@ FUNCTIONS = frozenset(
         "deriv",
         "exp",
         "floor",
+        "histogram_count",
+        "histogram_fraction",
         "histogram_quantile",
+        "histogram_sum",
         "holt_winters",
         "idelta",
         "increase",
@@ -121,7 +124,7 @@ def metric_names(expr: str) -> set[str]:
     names = set()
     for m in _TOKEN.finditer(text):
         ident = m.group("ident")
-        if ident is None or ident in KEYWORDS:
+        if ident is None or ident.lower() in KEYWORDS:  # keywords, Inf and NaN: any case
             continue
         if m.group("call") or ident in AGGREGATIONS:
             if ident not in FUNCTIONS | AGGREGATIONS:

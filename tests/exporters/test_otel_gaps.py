@@ -1,4 +1,8 @@
-"""The in-process gap histogram exports exactly what the SDK's own histogram would."""
+"""The in-process gap histogram exports exactly what the SDK's own histogram would.
+
+Both aggregations: the base-2 exponential one (the default, the SDK's with the
+views of ``exporters.otel_setup``) and the explicit buckets.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +21,11 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from exporters import names
 from exporters.otel import OtelMetricsSink, histogram
 from exporters.otel_gaps import GapHistograms, merged
+from exporters.otel_setup import histogram_views
 from proxy.core.records import Backend, RequestLabels
+
+EXPLICIT = names.HistogramAggregation.EXPLICIT
+EXPONENTIAL = names.HistogramAggregation.EXPONENTIAL
 
 A = RequestLabels("chat", "m", Backend("vllm", "b"))
 B = RequestLabels("text_completion", "other", Backend("vllm", "b"))
@@ -25,19 +33,34 @@ B = RequestLabels("text_completion", "other", Backend("vllm", "b"))
 VALUES = [(A, 0.001), (A, 0.0015), (B, 0.02), (A, 7.0), (B, 12.0), (A, 0.0)]
 
 
+def trimmed(offset: int, counts) -> tuple[int, tuple[int, ...]]:
+    """Exponential buckets without empty ones at either end (the SDK may keep some)."""
+    counts = list(counts)
+    while counts and counts[-1] == 0:
+        counts.pop()
+    while counts and counts[0] == 0:
+        counts.pop(0)
+        offset += 1
+    return (offset, tuple(counts)) if counts else (0, ())
+
+
 def _points(metric) -> dict:
-    return {
-        tuple(sorted(p.attributes.items())): (
-            p.count, pytest.approx(p.sum), tuple(p.bucket_counts), tuple(p.explicit_bounds),
-            p.min, p.max,
-        )
-        for p in metric.data.data_points
-    }  # fmt: skip
+    out = {}
+    for p in metric.data.data_points:
+        if hasattr(p, "scale"):
+            buckets = (p.scale, p.zero_count, trimmed(p.positive.offset, p.positive.bucket_counts),
+                       trimmed(p.negative.offset, p.negative.bucket_counts))  # fmt: skip
+        else:
+            buckets = (tuple(p.bucket_counts), tuple(p.explicit_bounds))
+        key = tuple(sorted(p.attributes.items()))
+        out[key] = (p.count, pytest.approx(p.sum), buckets, p.min, p.max)
+    return out
 
 
-def _sdk_metric():
+def _sdk_metric(aggregation: names.HistogramAggregation):
     reader = InMemoryMetricReader()
-    sink = OtelMetricsSink(MeterProvider(metric_readers=[reader]))  # no bridge: SDK records
+    provider = MeterProvider(metric_readers=[reader], views=histogram_views(aggregation))
+    sink = OtelMetricsSink(provider)  # no bridge: SDK records
     for labels, value in VALUES:
         sink.gap(labels, value, "r")
     data = reader.get_metrics_data()
@@ -51,22 +74,30 @@ def _sdk_metric():
     return metric
 
 
-def test_same_points_as_the_sdk():
-    gaps = GapHistograms()
+@pytest.mark.parametrize("aggregation", list(names.HistogramAggregation))
+def test_same_points_as_the_sdk(aggregation):
+    gaps = GapHistograms(aggregation=aggregation)
     sink = OtelMetricsSink(MeterProvider(metric_readers=[InMemoryMetricReader()]), gaps=gaps)
     for labels, value in VALUES:
         sink.gap(labels, value, "r")
     ours = gaps.collect()
-    sdk = _sdk_metric()
+    sdk = _sdk_metric(aggregation)
     assert ours is not None
+    assert type(ours.data) is type(sdk.data)
     assert (ours.name, ours.unit, ours.description) == (sdk.name, sdk.unit, sdk.description)
     assert ours.data.aggregation_temporality is sdk.data.aggregation_temporality
     assert _points(ours) == _points(sdk)
     assert len(_points(ours)) == 2
+    if aggregation is EXPONENTIAL:
+        # 0.0 is in the zero bucket; 0.001 to 7.0 spans 13 octaves: scale 5 fits 512 buckets.
+        point = next(p for p in ours.data.data_points if p.zero_count)
+        assert (point.scale, point.zero_count) == (5, 1)
 
 
-def test_cumulative_keeps_totals_and_delta_resets():
-    cumulative, delta = GapHistograms(), GapHistograms(delta=True)
+@pytest.mark.parametrize("aggregation", list(names.HistogramAggregation))
+def test_cumulative_keeps_totals_and_delta_resets(aggregation):
+    cumulative = GapHistograms(aggregation=aggregation)
+    delta = GapHistograms(delta=True, aggregation=aggregation)
     for gaps in (cumulative, delta):
         gaps.observe(A, 0.01)
         assert gaps.collect() is not None

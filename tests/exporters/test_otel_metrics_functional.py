@@ -4,17 +4,21 @@ The proxy runs in front of the simulator with an injected ``MeterProvider``
 (an ``InMemoryMetricReader``, never a global); a few streams, a long prompt
 that stalls them, a non-streamed request and an unobservable one go through.
 The OpenTelemetry data is encoded as OTLP (what an exporter sends) and
-translated the way an OTLP-to-Prometheus pipeline does (dots to underscores,
-unit ``s`` to ``_seconds``, ``{...}`` units dropped, monotonic sums
-``_total``, cumulative buckets): the result must equal the samples of a
-``/metrics`` scrape taken at the same moment, with units and descriptions from
-``exporters.names``. ``tests/exporters/test_otel_otlp_functional.py`` does the
-same over a real OTLP/HTTP round trip, with the helpers below.
+translated the way an OTLP-to-Prometheus pipeline does (``tests.otlp_prometheus``):
+the result must equal the samples of a ``/metrics`` scrape taken at the same
+moment, with units and descriptions from ``exporters.names``. Explicit-bucket
+histograms equal it bucket for bucket. Exponential ones (the views of
+``exporters.otel_setup``) have the scrape's count and sum, agree with every
+classic bucket to within one of their own buckets, and, given the exact
+observations, give each percentile within their buckets' width.
+``tests/exporters/test_otel_otlp_functional.py`` does the same over a real
+OTLP/HTTP round trip, with the helpers below.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from dataclasses import replace
 from typing import Any
@@ -32,12 +36,20 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
 from exporters import names
+from exporters.otel_setup import histogram_views
 from proxy.config import ProxyConfig
 from proxy.edge.server import RunningProxy, start_proxy
+from tests.otlp_prometheus import Labels, labels, metrics, prometheus_name, quantile, split
+from tests.otlp_prometheus import relative_error as exponential_error
 from tests.stallkit import simulator_proxy_config, start_simulator
 
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+Samples = dict[tuple[str, Labels], float]
+#: Exact observations by (instrument name, labels), as ``RawMeterProvider`` keeps them.
+Exact = dict[tuple[str, Labels], list[float]]
 BY_NAME = {inst.name: inst for inst in names.ALL}
+QUANTILES = (0.5, 0.9, 0.99)
+#: The widest bucket the exponential views may end at for any of this traffic: scale 4.
+MAX_ERROR = 2 ** (2**-4) - 1
 
 
 def scrape_samples(text: str) -> Samples:
@@ -50,78 +62,103 @@ def scrape_samples(text: str) -> Samples:
     return out
 
 
-def _value(attr: Any) -> str:
-    kind = attr.WhichOneof("value")
-    return str(getattr(attr, kind)) if kind else ""
-
-
-def _labels(attributes: Any, extra: tuple[tuple[str, str], ...] = ()) -> frozenset[tuple[str, str]]:
-    return frozenset(
-        {(kv.key.replace(".", "_"), _value(kv.value)) for kv in attributes} | set(extra)
-    )
-
-
-def prometheus_name(metric: Any) -> str:
-    """The name an OTLP-to-Prometheus translation gives ``metric`` (without sample suffixes)."""
-    base = metric.name.replace(".", "_")
-    unit = metric.unit
-    if unit and not unit.startswith("{"):
-        base += "_" + {"s": "seconds", "By": "bytes"}[unit]
-    kind = metric.WhichOneof("data")
-    if kind == "sum" and metric.sum.is_monotonic:
-        base += "_total"
-    return base
-
-
 def otlp_samples(request: ExportMetricsServiceRequest) -> Samples:
-    """Samples an OTLP-to-Prometheus pipeline makes of one (cumulative) export."""
+    """Samples an OTLP-to-Prometheus pipeline makes of one (cumulative) export; an
+    exponential histogram gives its ``_sum`` and ``_count`` (its buckets are native)."""
     out: Samples = {}
-    for rm in request.resource_metrics:
-        for sm in rm.scope_metrics:
-            for metric in sm.metrics:
-                name = prometheus_name(metric)
-                kind = metric.WhichOneof("data")
+    for metric in metrics(request):
+        name = prometheus_name(metric)
+        kind = metric.WhichOneof("data")
+        if kind in ("histogram", "exponential_histogram"):
+            for p in getattr(metric, kind).data_points:
                 if kind == "histogram":
-                    for p in metric.histogram.data_points:
-                        total = 0
-                        bounds = [*p.explicit_bounds, float("inf")]
-                        for bound, count in zip(bounds, p.bucket_counts, strict=True):
-                            total += count
-                            le = (("le", floatToGoString(bound)),)
-                            out[(name + "_bucket", _labels(p.attributes, le))] = total
-                        out[(name + "_sum", _labels(p.attributes))] = p.sum
-                        out[(name + "_count", _labels(p.attributes))] = p.count
-                else:
-                    assert kind in ("sum", "gauge"), metric  # gauges: the advisor's fit
-                    for p in getattr(metric, kind).data_points:
-                        v = p.as_double if p.WhichOneof("value") == "as_double" else p.as_int
-                        out[(name, _labels(p.attributes))] = v
+                    total = 0
+                    bounds = [*p.explicit_bounds, float("inf")]
+                    for bound, count in zip(bounds, p.bucket_counts, strict=True):
+                        total += count
+                        le = (("le", floatToGoString(bound)),)
+                        out[(name + "_bucket", labels(p.attributes, le))] = total
+                out[(name + "_sum", labels(p.attributes))] = p.sum
+                out[(name + "_count", labels(p.attributes))] = p.count
+        else:
+            assert kind in ("sum", "gauge"), metric  # gauges: the advisor's fit
+            for p in getattr(metric, kind).data_points:
+                v = p.as_double if p.WhichOneof("value") == "as_double" else p.as_int
+                out[(name, labels(p.attributes))] = v
     return out
 
 
-def check_same_as_scrape(request: ExportMetricsServiceRequest, scraped: str) -> set[str]:
-    """Assert the OTLP export and the scrape agree; return the instrument names seen."""
+def _check_exponential(
+    inst: names.Instrument, point: Any, want: Samples, exact: Exact | None
+) -> set[tuple[str, Labels]]:
+    """One exponential data point against the scrape's classic buckets and the exact
+    observations; returns the bucket samples it accounted for."""
+    series = labels(point.attributes)
+    assert point.negative.bucket_counts in ([], [0]), inst.name  # durations, sizes: >= 0
+    if any(point.positive.bucket_counts):
+        assert exponential_error(point) <= MAX_ERROR, (inst.name, point.scale)
+    checked = set()
+    for bound in (*inst.buckets, math.inf):
+        key = (inst.prom_name + "_bucket", series | {("le", floatToGoString(bound))})
+        classic = want[key]
+        if bound == math.inf:
+            assert classic == point.count, key
+        elif bound > 0:
+            surely, maybe = split(point, bound)
+            assert surely <= classic <= maybe, (key, surely, classic, maybe)
+        else:
+            assert classic == point.zero_count, key  # le="0": exact zeros only
+        checked.add(key)
+    if exact is not None:
+        values = sorted(exact[(inst.name, series)])
+        assert len(values) == point.count, inst.name
+        assert (min(values), max(values)) == (point.min, point.max)
+        for q in QUANTILES:
+            truth = values[math.ceil(q * len(values)) - 1]  # the observation at rank q * count
+            got = quantile(point, q)
+            assert abs(got - truth) <= exponential_error(point) * truth, (inst.name, q, got, truth)
+    return checked
+
+
+def check_same_as_scrape(
+    request: ExportMetricsServiceRequest,
+    scraped: str,
+    aggregation: names.HistogramAggregation = names.HistogramAggregation.EXPLICIT,
+    exact: Exact | None = None,
+) -> set[str]:
+    """Assert the OTLP export and the scrape agree; return the instrument names seen.
+
+    Histograms must arrive with ``aggregation``; ``exact``: the observations, to judge
+    an exponential histogram's percentiles."""
     seen: set[str] = set()
+    want = scrape_samples(scraped)
+    bucket_samples: set[tuple[str, Labels]] = set()
     for rm in request.resource_metrics:
         for sm in rm.scope_metrics:
             assert sm.scope.name == "tokenstamp"
-            for metric in sm.metrics:
-                inst = BY_NAME[metric.name]
-                assert metric.unit == inst.unit, metric.name
-                assert metric.description == inst.description
-                assert prometheus_name(metric) == (
-                    inst.prom_series if inst.kind is names.Kind.COUNTER else inst.prom_name
-                )
-                if inst.kind is names.Kind.HISTOGRAM:
-                    for p in metric.histogram.data_points:
-                        assert tuple(p.explicit_bounds) == inst.buckets, metric.name
-                seen.add(metric.name)
+    for metric in metrics(request):
+        inst = BY_NAME[metric.name]
+        assert metric.unit == inst.unit, metric.name
+        assert metric.description == inst.description
+        assert prometheus_name(metric) == (
+            inst.prom_series if inst.kind is names.Kind.COUNTER else inst.prom_name
+        )
+        if inst.kind is names.Kind.HISTOGRAM:
+            kind = metric.WhichOneof("data")
+            if aggregation is names.HistogramAggregation.EXPLICIT:
+                assert kind == "histogram", metric.name
+                for p in metric.histogram.data_points:
+                    assert tuple(p.explicit_bounds) == inst.buckets, metric.name
+            else:
+                assert kind == "exponential_histogram", metric.name
+                for p in metric.exponential_histogram.data_points:
+                    bucket_samples |= _check_exponential(inst, p, want, exact)
+        seen.add(metric.name)
     got = otlp_samples(request)
-    want = scrape_samples(scraped)
     assert len(want) > 150  # the comparison covers real data
-    assert set(got) == set(want), set(got) ^ set(want)
-    for key, value in want.items():
-        assert got[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+    assert set(got) == set(want) - bucket_samples, set(got) ^ (set(want) - bucket_samples)
+    for key, value in got.items():
+        assert value == pytest.approx(want[key], rel=1e-9, abs=1e-12), key
     return seen
 
 
@@ -138,8 +175,12 @@ async def _stream(session: aiohttp.ClientSession, url: str, i: int, max_tokens: 
         await resp.read()
 
 
-async def drive(proxy: RunningProxy) -> str:
-    """Streams, a stalling long prompt, a non-streamed and an unobservable request; the scrape."""
+async def drive(proxy: RunningProxy, settle_s: float = 0.0) -> str:
+    """Streams, a stalling long prompt, a non-streamed and an unobservable request; the scrape.
+
+    Every stall is made final by moving the stall view's clock 10 s ahead; for a
+    proxy that serves more waves of traffic after this one, ``settle_s`` waits that
+    long instead (the stall view decides within 2 s)."""
     url = proxy.url
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         async with asyncio.TaskGroup() as group:
@@ -156,7 +197,11 @@ async def drive(proxy: RunningProxy) -> str:
         async with session.post(url + "/v1/chat/completions", data=b"not json") as resp:
             await resp.read()
         assert proxy.stalls is not None
-        proxy.stalls.flush(time.monotonic_ns() + 10 * 10**9)  # every stall and prefill final
+        if settle_s:
+            await asyncio.sleep(settle_s)
+            proxy.stalls.flush(time.monotonic_ns())
+        else:
+            proxy.stalls.flush(time.monotonic_ns() + 10 * 10**9)  # every stall and prefill final
         async with session.get(proxy.admin_url + "/metrics") as resp:
             return await resp.text()
 
@@ -171,10 +216,15 @@ def config(upstream: str, **overrides: Any) -> ProxyConfig:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("tenants", [(), ("x-tenant",)], ids=["no-tenants", "tenants"])
-async def test_in_memory_metrics_equal_the_prometheus_scrape(simulator_url, tenants):
+@pytest.mark.parametrize(
+    ("tenants", "aggregation"),
+    [((), names.HistogramAggregation.EXPLICIT), (("x-tenant",), names.HistogramAggregation.EXPLICIT),
+     ((), names.HistogramAggregation.EXPONENTIAL)],
+    ids=["no-tenants", "tenants", "exponential"],
+)  # fmt: skip
+async def test_in_memory_metrics_equal_the_prometheus_scrape(simulator_url, tenants, aggregation):
     reader = InMemoryMetricReader()
-    provider = MeterProvider(metric_readers=[reader])
+    provider = MeterProvider(metric_readers=[reader], views=histogram_views(aggregation))
     proxy = await start_proxy(
         config(simulator_url, tenant_headers=tenants),
         registry=CollectorRegistry(),
@@ -187,7 +237,7 @@ async def test_in_memory_metrics_equal_the_prometheus_scrape(simulator_url, tena
         await proxy.close(drain_timeout_s=1.0)
         provider.shutdown()
     assert data is not None
-    seen = check_same_as_scrape(encode_metrics(data), scraped)
+    seen = check_same_as_scrape(encode_metrics(data), scraped, aggregation)
     # Everything this traffic can produce was produced (the stall path included).
     assert seen >= {
         names.TTFT.name, names.TPOT.name, names.GAP.name, names.DURATION.name,

@@ -2,7 +2,9 @@
 
 The collector decodes what the proxy sends with the ``opentelemetry-proto``
 messages. The metrics must translate to exactly the series of a ``/metrics``
-scrape; the spans must be the requests'. A collector that is down, or slow,
+scrape (histograms: base-2 exponential by default, with the scrape's counts
+and sums and each percentile within a bucket of the exact one; explicit with
+``--otlp-histograms explicit``, bucket for bucket); the spans must be the requests'. A collector that is down, or slow,
 changes nothing for the client: the same bytes, no waiting on export; failed
 exports are counted and their log lines rate-limited; shutdown stays bounded.
 """
@@ -29,10 +31,15 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
 from prometheus_client import CollectorRegistry
 
+from exporters import names
+from exporters.fanout import FanoutSink
+from exporters.otel import OtelMetricsSink
 from exporters.otel_setup import SDK_EXPORT_LOGGERS, OtlpSettings, Telemetry
+from exporters.prometheus import PrometheusSink
 from proxy.edge.server import start_proxy
 from tests.conftest import Script
 from tests.exporters.test_otel_metrics_functional import check_same_as_scrape, config, drive
+from tests.otlp_prometheus import RawMeterProvider
 from tests.promserver import free_port
 from tests.proxy.edge.test_app_functional import body, vllm_like
 
@@ -99,18 +106,29 @@ async def simulator_url(aiohttp_server) -> str:
 
 
 @pytest.mark.timeout(60)
-async def test_otlp_http_round_trip_equals_the_scrape(simulator_url, collector):
-    # Built by start_proxy itself from --otlp-endpoint, as `tokenstamp serve` does.
-    proxy = await start_proxy(
-        config(simulator_url, otlp_endpoint=collector.url), registry=CollectorRegistry()
-    )
+@pytest.mark.parametrize("flag", [None, "explicit"], ids=["default", "explicit"])
+async def test_otlp_http_round_trip_equals_the_scrape(simulator_url, collector, flag):
+    # Built by start_proxy itself from --otlp-endpoint (and --otlp-histograms), as
+    # `tokenstamp serve` does. Beside the scrape, a sink keeps every exact observation.
+    given = {} if flag is None else {"otlp_histograms": names.HistogramAggregation(flag)}
+    cfg = config(simulator_url, otlp_endpoint=collector.url, **given)
+    registry = CollectorRegistry()
+    prom = PrometheusSink(registry)
+    prom.slo_ttft_s, prom.slo_tpot_s = cfg.slo_ttft_s, cfg.slo_tpot_s
+    raw = RawMeterProvider()
+    sink = FanoutSink(prom, OtelMetricsSink(raw))  # type: ignore[arg-type]
+    proxy = await start_proxy(cfg, registry=registry, sink=sink)
     telemetry = proxy.telemetry
     assert telemetry is not None
+    aggregation = names.HistogramAggregation(flag or "exponential")
+    assert telemetry.histograms is aggregation
     try:
         scraped = await drive(proxy)
         assert await telemetry.flush()
         assert collector.metrics, "no metrics arrived"
-        check_same_as_scrape(collector.metrics[-1], scraped)
+        seen = check_same_as_scrape(collector.metrics[-1], scraped, aggregation, raw.values)
+        assert names.GAP.name in seen  # the bridged instrument, too
+        assert names.TTFT.name in seen
         assert proxy.state.tracing is not None
         proxy.state.tracing.sweep(1 << 62)  # end the spans lingering for late stalls
         assert await telemetry.flush()

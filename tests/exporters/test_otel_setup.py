@@ -5,13 +5,26 @@ from __future__ import annotations
 import logging
 
 import pytest
+from opentelemetry.sdk.metrics import Histogram as SdkHistogram
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import ExponentialHistogram, InMemoryMetricReader
+from opentelemetry.sdk.metrics.export import Histogram as ExplicitHistogram
+from opentelemetry.sdk.metrics.view import (
+    ExplicitBucketHistogramAggregation,
+    ExponentialBucketHistogramAggregation,
+)
 
+from exporters import names
+from exporters.names import HistogramAggregation
+from exporters.otel import METER_NAME, histogram
 from exporters.otel_setup import (
     ExportHealth,
     OtelConfigError,
     OtlpSettings,
     RateLimitFilter,
+    Telemetry,
     export_timeout_s,
+    histogram_views,
     otlp_settings,
     resource,
 )
@@ -121,3 +134,53 @@ def test_export_log_lines_are_rate_limited_and_counted(caplog):
     assert messages[0].startswith("Failed to export spans batch 0 [tokenstamp: 1 span and 0 metric")
     assert messages[1].startswith("Failed to export spans batch 99")
     assert filt.suppressed == 4
+
+
+def test_histogram_flag():
+    cfg = config_from_argv(["--upstream", "http://u:1"], env={})
+    assert cfg.otlp_histograms is HistogramAggregation.EXPONENTIAL
+    cfg = config_from_argv(["--upstream", "http://u:1", "--otlp-histograms", "Explicit"], env={})
+    assert cfg.otlp_histograms is HistogramAggregation.EXPLICIT
+    env = {"TOKENSTAMP_OTLP_HISTOGRAMS": "explicit"}
+    assert config_from_argv(["--upstream", "http://u:1"], env=env).otlp_histograms == "explicit"
+    with pytest.raises(ConfigError, match="--otlp-histograms: expected exponential or explicit"):
+        config_from_argv(["--upstream", "http://u:1", "--otlp-histograms", "native"], env={})
+
+
+@pytest.mark.parametrize("aggregation", list(HistogramAggregation))
+def test_every_histogram_gets_the_chosen_aggregation(aggregation):
+    """Whatever the exporter prefers (OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION)."""
+    prefer_other = ExponentialBucketHistogramAggregation()
+    if aggregation is HistogramAggregation.EXPONENTIAL:
+        prefer_other = ExplicitBucketHistogramAggregation()
+    reader = InMemoryMetricReader(preferred_aggregation={SdkHistogram: prefer_other})
+    provider = MeterProvider(metric_readers=[reader], views=histogram_views(aggregation))
+    meter = provider.get_meter(METER_NAME, "1")
+    histograms = [i for i in names.ALL if i.kind is names.Kind.HISTOGRAM]
+    for inst in histograms:
+        histogram(meter, inst).record(0.3, {"k": "v"})
+    data = reader.get_metrics_data()
+    assert data is not None
+    got = {m.name: m.data for rm in data.resource_metrics for sm in rm.scope_metrics
+           for m in sm.metrics}  # fmt: skip
+    assert set(got) == {i.name for i in histograms}
+    for inst in histograms:
+        (point,) = got[inst.name].data_points
+        if aggregation is HistogramAggregation.EXPONENTIAL:
+            assert isinstance(got[inst.name], ExponentialHistogram), inst.name
+            assert point.scale == names.EXPONENTIAL_MAX_SCALE
+        else:
+            assert isinstance(got[inst.name], ExplicitHistogram), inst.name
+            assert tuple(point.explicit_bounds) == inst.buckets
+    provider.shutdown()
+
+
+@pytest.mark.parametrize("aggregation", list(HistogramAggregation))
+def test_telemetry_bridges_the_gaps_with_the_same_aggregation(aggregation):
+    telemetry = Telemetry(OtlpSettings(metrics_endpoint=BASE + "/v1/metrics"), {}, aggregation)
+    try:
+        assert telemetry.histograms is aggregation
+        assert telemetry.gaps.aggregation is aggregation
+    finally:
+        assert telemetry.meter_provider is not None
+        telemetry.meter_provider.shutdown()

@@ -48,6 +48,7 @@ CONFIG_FLAGS = {
     "stallDetection": "stall-detection",
     "heapTrim": "heap-trim",
     "otlpEndpoint": "otlp-endpoint",
+    "otlpHistograms": "otlp-histograms",
     "captureContent": "capture-content",
     "timeline": "timeline",
     "timelineWindow": "timeline-window",
