@@ -190,8 +190,12 @@ async def exchange(client: Inbound, state: ProxyState) -> None:
         result = await sending
         outcome, progress.status, error_type = result.outcome, result.status, result.error_type
     except asyncio.CancelledError:
-        outcome = Outcome.CLIENT_DISCONNECT if client.gone() else Outcome.UPSTREAM_ERROR
-        error_type = "client_disconnect" if outcome is Outcome.CLIENT_DISCONNECT else "cancelled"
+        if timer is not None and timer.terminal_seen and client.gone():
+            # It left after the stream's terminal event: it had the whole answer.
+            outcome, error_type = Outcome.OK, ""
+        else:
+            outcome = Outcome.CLIENT_DISCONNECT if client.gone() else Outcome.UPSTREAM_ERROR
+            error_type = "client_disconnect" if client.gone() else "cancelled"
         raise
     finally:
         state.in_flight -= 1

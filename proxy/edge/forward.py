@@ -100,7 +100,8 @@ async def forward(
     client.forget_headers()  # copied into ``headers``: not kept while the body streams
     started = False
     conn: UpstreamConnection | None = None
-    clean = False
+    clean = False  # the upstream's answer was read to its end: the connection may be reused
+    drain = False  # the client left after the stream's terminal event: read the rest, reuse
     try:
         conn = await _send(state, client, headers, body, timer)
         if injected and conn.status in (400, 422):
@@ -167,6 +168,9 @@ async def forward(
         async with asyncio.timeout(limit) as deadline, state.watchdogs.watch(relay, deadline):
             complete = await relay.run(client)
         if not complete:
+            if _answered(timer):
+                drain = True
+                return by_status(status)
             return _client_left(status)
         if (
             timer is not None
@@ -176,12 +180,17 @@ async def forward(
             result = stream_failed(status, timer, state)
         else:
             result = by_status(status)
+        clean = True  # whatever the client does now, the upstream's answer was read whole
         try:
             await client.end()
         except ConnectionError:
-            return _client_left(status)
-        clean = True
+            return result if _answered(timer) else _client_left(status)
         return result
+    except asyncio.CancelledError:
+        # The client went away (the front cancels its request): after the stream's
+        # terminal event it had everything; the rest of the upstream's body is read.
+        drain = started and _answered(timer)
+        raise
     except TimeoutError:
         if not started:
             return no_answer_in_time(client, cfg.read_timeout_s)
@@ -198,9 +207,46 @@ async def forward(
         if conn is not None:
             if clean:
                 _release(state, conn)
+            elif drain:
+                conn.detach()
+                _ = state.tasks.spawn(_drain(state, conn), name="tokenstamp-drain")
             else:
                 conn.detach()
                 conn.close()
+
+
+def _answered(timer: StreamTimer | None) -> bool:
+    """The stream's terminal event (``[DONE]``, ``message_stop``, ``response.completed``,
+    ``done: true``) was relayed: a client that closes now has had the whole answer."""
+    return timer is not None and timer.terminal_seen
+
+
+DRAIN_S = 1.0
+"""Longest the proxy reads an upstream body on after its client left at the terminal event."""
+DRAIN_BYTES = 64 << 10
+"""Most bytes it reads on: past this the connection is closed instead."""
+
+
+async def _drain(state: ProxyState, conn: UpstreamConnection) -> None:
+    """Read the rest of a body whose client left after its terminal event (its chunked
+    terminator, a usage event), bounded in time and bytes; then the connection goes back
+    to the pool when its answer ended cleanly, and is closed otherwise."""
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    discard = _Discard(done, DRAIN_BYTES)
+    try:
+        conn.consume(discard)
+        conn.resume_reading()
+        async with asyncio.timeout(DRAIN_S):
+            await done
+    except (TimeoutError, asyncio.CancelledError):
+        conn.detach()
+        conn.close()
+        return
+    if discard.over:
+        conn.detach()
+        conn.close()
+        return
+    _release(state, conn)
 
 
 def _client_left(status: int) -> RelayResult:
@@ -264,15 +310,23 @@ async def _discard_body(conn: UpstreamConnection) -> None:
 
 
 class _Discard:
-    """A ``BodyConsumer`` that drops the body and says when it ended."""
+    """A ``BodyConsumer`` that drops the body and says when it ended (or, given ``limit``,
+    when more than ``limit`` bytes came: ``over``)."""
 
-    __slots__ = ("_done",)
+    __slots__ = ("_done", "_left", "over")
 
-    def __init__(self, done: asyncio.Future[None]) -> None:
+    def __init__(self, done: asyncio.Future[None], limit: int = -1) -> None:
         self._done = done
+        self._left = limit
+        self.over = False
 
     def body(self, data: bytes, read_ns: int) -> None:
-        """Dropped."""
+        """Dropped (counted against the limit)."""
+        if self._left >= 0:
+            self._left -= len(data)
+            if self._left < 0:
+                self.over = True
+                self.end(None)
 
     def read_done(self) -> None:
         """Nothing held."""

@@ -29,6 +29,7 @@ CONFIG_FLAGS = {
     "injectUsage": "inject-usage",
     "sloTtft": "slo-ttft",
     "sloTpot": "slo-tpot",
+    "sloAnswerTtft": "slo-answer-ttft",
     "sloTtftHeader": "slo-ttft-header",
     "sloTpotHeader": "slo-tpot-header",
     "tenantHeader": "tenant-header",
