@@ -68,7 +68,8 @@ test-vllm: install-test install-vllm
 ## the code it compiles. Built in place in a copy of the tracked files, never in this tree
 ## (a stale extension module would shadow the source being edited).
 COMPILED_DIR ?= $(CURDIR)/build/compiled
-COMPILED_TESTS ?= tests/proxy/core tests/proxy/edge
+COMPILED_TESTS ?= tests/proxy/core tests/proxy/edge tests/exporters/test_fast_histogram.py \
+	tests/exporters/test_protobuf_exposition.py
 test-compiled: build-compiled
 	$(MAKE) check-compiled
 

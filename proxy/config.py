@@ -120,6 +120,9 @@ class ProxyConfig:
     Prometheus native histograms on the way in) or each instrument's ``explicit`` buckets."""
     capture_content: bool = False
     """Record prompt and completion text on spans (``gen_ai.input/output.messages``)."""
+    native_histograms: bool = True
+    """Answer a scraper that prefers Prometheus's protobuf format with it, every histogram
+    with its native (exponential) buckets too; False: text or OpenMetrics for every scraper."""
     timeline: bool = False
     """Serve ``/timeline`` on the admin listener (shows request metadata, never prompt text)."""
     timeline_window_s: float = 30.0
@@ -349,6 +352,10 @@ SERVE_OPTIONS: tuple[_Opt, ...] = (
          "/metrics has them) (default exponential)"),
     _Opt("capture-content", "capture_content", _bool, "record prompt and completion text on "
          "spans, capped at 16384 characters each: true/false (default false)"),
+    _Opt("native-histograms", "native_histograms", _bool, "answer a scraper that prefers "
+         "Prometheus's protobuf format (Prometheus with native histograms on) with it, every "
+         "histogram with native buckets beside its classic ones; false: text or OpenMetrics "
+         "only, classic buckets as before: true/false (default true)"),
     _Opt("timeline", "timeline", _bool, "serve the live token timeline page at /timeline on "
          "the admin listener; it shows request ids, models and prompt sizes, never prompt "
          "text: true/false (default false)"),

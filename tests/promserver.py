@@ -40,11 +40,16 @@ class PrometheusServer:
         interval: str = "1s",
         rule_files: list[Path] | None = None,
         extra_args: list[str] | None = None,
+        features: list[str] | None = None,
     ) -> None:
+        """``features``: ``--enable-feature`` values (``native-histograms``: scrape protobuf
+        first and keep native histograms)."""
         self.jobs = jobs
         self.interval = interval
         self.rule_files = rule_files or []
-        self.extra_args = extra_args or []
+        self.extra_args = list(extra_args or [])
+        if features:
+            self.extra_args.append("--enable-feature=" + ",".join(features))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._dir = tempfile.TemporaryDirectory(prefix="tokenstamp-prom-")

@@ -1,7 +1,11 @@
 """The admin listener: ``/metrics``, ``/healthz``, ``/readyz``.
 
 ``/metrics`` speaks the Prometheus text format, or OpenMetrics when the
-scraper's ``Accept`` header asks for it (exemplars travel only there).
+scraper's ``Accept`` header asks for it (exemplars travel there), or
+Prometheus's protobuf format when the ``Accept`` header prefers that
+(Prometheus with native histograms on) and ``--native-histograms`` is on
+(the default): the same families, with exemplars, and the histograms with
+their native buckets too (``exporters.protobuf_exposition``).
 ``/readyz`` is 200 while the upstream accepts TCP connections (checked at most
 once a second) and 503 once draining starts, so a load balancer stops sending
 before the listener closes.
@@ -20,6 +24,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
+from exporters import protobuf_exposition
 from proxy.edge.state import ProxyState
 
 _CHECK_EVERY_S = 1.0
@@ -42,8 +47,13 @@ READINESS: web.AppKey[_Readiness] = web.AppKey("tokenstamp_readiness", _Readines
 
 async def _metrics(request: web.Request) -> web.Response:
     registry = request.app[REGISTRY]
-    encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
-    body = encoder(registry)
+    accept = request.headers.get("Accept", "")
+    if request.app[ADMIN_STATE].config.native_histograms and protobuf_exposition.accepts(accept):
+        body = protobuf_exposition.encode(registry)
+        content_type = protobuf_exposition.CONTENT_TYPE
+    else:
+        encoder, content_type = choose_encoder(accept)
+        body = encoder(registry)
     return web.Response(body=body, headers={"Content-Type": content_type})
 
 

@@ -126,6 +126,34 @@ def test_service_monitor_scrapes_the_admin_port(harness):
     assert endpoint["relabelings"][1]["targetLabel"] == "node"
 
 
+@pytest.mark.parametrize("kind", ["serviceMonitor", "podMonitor"])
+def test_monitors_can_ask_for_native_histograms(harness, kind):
+    """Protobuf first and the classic series kept: fields of the monitor's spec (the
+    `native-histograms` feature itself is the Prometheus resource's `enableFeatures`)."""
+    base = (
+        {"mode": "sidecar"} if kind == "podMonitor" else {"config": {"upstream": "http://v:8000"}}
+    )
+    name = kind[0].upper() + kind[1:]
+    plain = harness.render(
+        {**base, kind: {"enabled": True}}, api_versions=(harness.monitoring_api,)
+    )
+    spec = plain.one(name)["spec"]
+    assert "scrapeProtocols" not in spec
+    assert "scrapeClassicHistograms" not in spec
+    protocols = ["PrometheusProto", "OpenMetricsText1.0.0", "PrometheusText0.0.4"]
+    values = {
+        kind: {"enabled": True, "scrapeProtocols": protocols, "scrapeClassicHistograms": True}
+    }
+    rendered = harness.render({**base, **values}, api_versions=(harness.monitoring_api,))
+    monitor = rendered.one(name)
+    assert monitor["spec"]["scrapeProtocols"] == protocols
+    assert monitor["spec"]["scrapeClassicHistograms"] is True
+    harness.validate(monitor)
+    off = {kind: {"enabled": True, "scrapeClassicHistograms": False}}
+    spec = harness.render({**base, **off}, api_versions=(harness.monitoring_api,)).one(name)["spec"]
+    assert spec["scrapeClassicHistograms"] is False
+
+
 def test_job_label_is_what_the_rules_select(harness):
     """Every `job` matcher in the chart's rules names the job the monitors set."""
     defaults = harness.load_values(harness.chart_dir / "values.yaml")
