@@ -16,14 +16,25 @@ from types import FrameType
 from bench.children import ChildError
 from bench.plot import PlotUnavailable, plot_path, write_plot
 from bench.report import markdown, to_json
-from bench.run import LOCKSTEP, MAX_RATE, SCENARIOS, STEADY, BenchError, BenchOptions, run_bench
+from bench.run import (
+    LOCKSTEP,
+    MAX_RATE,
+    SCENARIOS,
+    STEADY,
+    BenchError,
+    BenchOptions,
+    BenchReport,
+    run_bench,
+)
 from bench.targets import (
     BUILTIN_TARGETS,
     DEFAULT_TARGETS,
     TargetError,
+    TargetSpec,
     parse_define,
     select_targets,
 )
+from bench.twopoint import markdown as two_point
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -88,7 +99,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=3,
         help="rounds; each runs every target once in rotating order (default 3)",
     )
-    p.add_argument("--max-tokens", type=int, default=200, help="tokens per request (default 200)")
+    p.add_argument("--max-tokens", type=_lengths, default=(200,),
+                   help="tokens per request, or a comma-separated list (e.g. 10,200): each "
+                   "scenario runs at each length, and a table fits what a request costs beside "
+                   "its tokens (default 200)")  # fmt: skip
     p.add_argument(
         "--tokens-per-write",
         type=int,
@@ -154,8 +168,8 @@ def run(args: argparse.Namespace) -> int:
     if args.quick:
         args.duration, args.rounds, args.warmup = 3.0, 1, 0.5
         args.memory_streams = min(args.memory_streams, 200)
-    if (args.streams is not None and args.streams < 1) or args.rounds < 1 or args.max_tokens < 1:
-        return _fail("--streams, --rounds and --max-tokens must be >= 1", 2)
+    if (args.streams is not None and args.streams < 1) or args.rounds < 1:
+        return _fail("--streams and --rounds must be >= 1", 2)
     if args.rate <= 0 or args.duration <= 0 or args.warmup < 0 or args.step_rate <= 0:
         return _fail("--rate, --step-rate and --duration must be > 0, --warmup >= 0", 2)
     if args.memory_streams < 0:
@@ -163,28 +177,23 @@ def run(args: argparse.Namespace) -> int:
     if args.tokens_per_write < 1:
         return _fail("--tokens-per-write must be >= 1", 2)
     reports = []
+    tables: list[str] = []
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         for scenario in scenarios:
-            options = BenchOptions(
-                targets=targets,
-                streams=args.streams or _DEFAULT_STREAMS.get(scenario, 64),
-                rate_per_s=args.rate,
-                duration_s=args.duration,
-                rounds=args.rounds,
-                max_tokens=args.max_tokens,
-                warmup_s=args.warmup,
-                scenario=scenario,
-                step_rate_per_s=args.step_rate,
-                memory_streams=0 if scenario == MAX_RATE else args.memory_streams,
-                tokens_per_write=args.tokens_per_write if scenario == STEADY else 1,
-            )
-            reports.append(run_bench(options, log=_log))
+            # max-rate streams endlessly (no request length): run once.
+            lengths = args.max_tokens[:1] if scenario == MAX_RATE else args.max_tokens
+            by_length = [_one(args, targets, scenario, n) for n in lengths]
+            reports.extend(by_length)
+            tables.extend(markdown(r) for r in by_length)
+            fitted = two_point(by_length)
+            if fitted:
+                tables.append(fitted)
     except (BenchError, ChildError, TargetError) as exc:
         return _fail(str(exc), 1)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    table = "\n".join(markdown(r) for r in reports)
+    table = "\n".join(tables)
     sys.stdout.write(table)
     if args.markdown is not None:
         args.markdown.write_text(table, encoding="utf-8")
@@ -201,6 +210,37 @@ def run(args: argparse.Namespace) -> int:
         except PlotUnavailable as exc:
             print(f"tokenstamp bench: no plot: {exc}", file=sys.stderr)
     return 0 if all(r.identical for rep in reports for r in rep.rows) else 1
+
+
+def _one(
+    args: argparse.Namespace, targets: tuple[TargetSpec, ...], scenario: str, max_tokens: int
+) -> BenchReport:
+    """One scenario at one request length."""
+    options = BenchOptions(
+        targets=targets,
+        streams=args.streams or _DEFAULT_STREAMS.get(scenario, 64),
+        rate_per_s=args.rate,
+        duration_s=args.duration,
+        rounds=args.rounds,
+        max_tokens=max_tokens,
+        warmup_s=args.warmup,
+        scenario=scenario,
+        step_rate_per_s=args.step_rate,
+        memory_streams=0 if scenario == MAX_RATE else args.memory_streams,
+        tokens_per_write=args.tokens_per_write if scenario == STEADY else 1,
+    )
+    return run_bench(options, log=_log)
+
+
+def _lengths(text: str) -> tuple[int, ...]:
+    """``200`` or ``10,200``: distinct request lengths of at least one token, in order."""
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list like 10,200: {text!r}") from None
+    if not values or min(values) < 1 or len(set(values)) < len(values):
+        raise argparse.ArgumentTypeError(f"lengths must be distinct and >= 1: {text!r}")
+    return values
 
 
 _DEFAULT_STREAMS = {LOCKSTEP: 256, MAX_RATE: 128}

@@ -127,11 +127,32 @@ def test_max_rate_reports_tokens_per_second_on_one_core(tmp_path):
     assert "Bodies not compared in max-rate" in table
 
 
+def test_two_lengths_give_each_targets_cost_per_request_and_per_token(tmp_path):
+    """``--max-tokens 5,40``: the scenario runs at both lengths, then one table fits them."""
+    args = [a for a in TINY if a not in ("--max-tokens", "30")]
+    report, table, _ = _bench(tmp_path, "--targets", "passthrough,tokenstamp", *args,
+                              "--max-tokens", "5,40", "--memory-streams", "0")  # fmt: skip
+    lengths = [s["options"]["max_tokens"] for s in report["scenarios"]]
+    assert lengths == [5, 40]
+    fitted = table[table.index("steady, fitted from 5, 40 tokens per request") :]
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in fitted.splitlines()
+            if line.startswith("| ") and "target" not in line}  # fmt: skip
+    assert set(rows) == {"passthrough", "tokenstamp"}
+    for cells in rows.values():
+        at5, at40 = float(cells[1]), float(cells[2])
+        per_request = float(cells[3].replace(",", ""))
+        per_token = float(cells[4].rstrip(" |"))
+        assert per_request + per_token * 5 == pytest.approx(at5 * 5, rel=0.01)
+        assert per_request + per_token * 40 == pytest.approx(at40 * 40, rel=0.01)
+
+
 def test_bad_flags_exit_2_with_one_line():
     for args, start in [
         (["--targets", "direct,nope"], "--targets: unknown target 'nope'"),
         (["--scenario", "steady,bursty"], "--scenario: expected a list of"),
         (["--tokens-per-write", "0"], "--tokens-per-write must be >= 1"),
+        (["--max-tokens", "10,0"], "argument --max-tokens: lengths must be distinct"),
+        (["--max-tokens", "10,x"], "argument --max-tokens: not a list like 10,200"),
     ]:
         done = subprocess.run(
             [sys.executable, "-m", "proxy.cli", "bench", *args],

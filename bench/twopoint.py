@@ -1,0 +1,90 @@
+"""What a request costs beside its tokens: two request lengths, one line through them.
+
+A target's CPU per request is ``R + T x n`` for a request of ``n`` tokens: ``R`` the
+work of a request whatever its length (connection, head, parse, the end-of-request
+fan-out), ``T`` the work of a token. Per token that is ``c(n) = R / n + T``; two
+lengths measured in the same run give both: ``R = (c1 - c2) / (1/n1 - 1/n2)`` and
+``T = c1 - R / n1``. Runs of more than two lengths are fitted by least squares on
+``c`` against ``1 / n``. Pure: numbers in, Markdown out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from bench.run import BenchReport
+
+_NA = "-"
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """One target's costs, fitted from its CPU per token at several request lengths."""
+
+    name: str
+    """The target."""
+    per_token_us: dict[int, float]
+    """Measured CPU µs per token, by tokens per request."""
+    per_request_us: float
+    """``R``: CPU µs a request costs beside its tokens (NaN: not fitted)."""
+    token_us: float
+    """``T``: CPU µs each token costs (NaN: not fitted)."""
+
+
+def fit_line(points: Sequence[tuple[int, float]]) -> tuple[float, float]:
+    """``(R, T)`` from ``(tokens per request, CPU µs per token)`` points: least squares of
+    ``c = R x (1 / n) + T``; NaN for both below two lengths or with a NaN point."""
+    pts = [(1.0 / n, c) for n, c in points]
+    if len({x for x, _ in pts}) < 2 or any(math.isnan(c) for _, c in pts):
+        return math.nan, math.nan
+    mx = sum(x for x, _ in pts) / len(pts)
+    my = sum(y for _, y in pts) / len(pts)
+    sxx = sum((x - mx) ** 2 for x, _ in pts)
+    sxy = sum((x - mx) * (y - my) for x, y in pts)
+    r = sxy / sxx
+    return r, my - r * mx
+
+
+def fits(reports: Sequence[BenchReport]) -> list[Fit]:
+    """Each target's fit over ``reports``: one scenario, each at another request length."""
+    lengths = [r.options.max_tokens for r in reports]
+    out: list[Fit] = []
+    for row in reports[0].rows:
+        per_token: dict[int, float] = {}
+        for n, report in zip(lengths, reports, strict=True):
+            same = [r for r in report.rows if r.name == row.name]
+            per_token[n] = same[0].cpu_us_per_token if same else math.nan
+        r, t = fit_line(sorted(per_token.items()))
+        out.append(Fit(row.name, per_token, r, t))
+    return out
+
+
+def markdown(reports: Sequence[BenchReport]) -> str:
+    """The two-point table of ``reports`` (one scenario at several lengths); empty below two."""
+    if len({r.options.max_tokens for r in reports}) < 2:
+        return ""
+    lengths = [r.options.max_tokens for r in reports]
+    header = [
+        "target",
+        *(f"CPU µs/token at {n} tokens" for n in lengths),
+        "µs per request",
+        "µs per token",
+    ]
+    lines = [
+        f"{reports[0].options.scenario}, fitted from {', '.join(map(str, lengths))} tokens per "
+        "request in this run: CPU per request = µs per request + µs per token x tokens.",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|---|" + "---:|" * (len(header) - 1),
+    ]
+    for f in fits(reports):
+        cells = [f.name, *(_num(f.per_token_us[n]) for n in lengths)]
+        cells += [_num(f.per_request_us, ",.0f"), _num(f.token_us)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _num(x: float, fmt: str = ".1f") -> str:
+    return _NA if math.isnan(x) else format(x, fmt)
