@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from proxy.config import HostPort, ProxyConfig
 from proxy.edge.server import RunningProxy, start_proxy
+from tests.otlp_collector import Collector, start_collector
 
 
 @dataclass
@@ -114,3 +115,9 @@ def no_view_errors(caplog, request):
     records = caplog.get_records("setup") + caplog.get_records("call")
     errors = [r for r in records if r.name == "tokenstamp.stalls" and r.levelno >= 40]
     assert not errors, errors[0].getMessage()
+
+
+@pytest.fixture
+async def collector(aiohttp_server) -> Collector:
+    """An in-test OTLP/HTTP collector on a free 127.0.0.1 port (``tests.otlp_collector``)."""
+    return await start_collector(aiohttp_server)

@@ -33,15 +33,12 @@ import asyncio
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
-    ExportMetricsServiceResponse,
 )
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
@@ -79,34 +76,6 @@ PROTOBUF = (
     "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;"
     "encoding=delimited;q=1,text/plain;version=0.0.4;q=0.5"
 )
-
-
-@dataclass
-class Collector:
-    """The metrics exports the in-test OTLP/HTTP collector received."""
-
-    url: str = ""
-    metrics: list[ExportMetricsServiceRequest] = field(default_factory=list)
-
-
-@pytest.fixture
-async def collector(aiohttp_server) -> Collector:
-    got = Collector()
-
-    async def receive(request: web.Request) -> web.Response:
-        got.metrics.append(ExportMetricsServiceRequest.FromString(await request.read()))
-        answer = ExportMetricsServiceResponse().SerializeToString()
-        return web.Response(body=answer, content_type="application/x-protobuf")
-
-    async def traces(request: web.Request) -> web.Response:
-        return web.Response(content_type="application/x-protobuf")  # spans: not the point
-
-    app = web.Application()
-    app.router.add_post("/v1/metrics", receive)
-    app.router.add_post("/v1/traces", traces)
-    server = await aiohttp_server(app)
-    got.url = str(server.make_url("")).rstrip("/")
-    return got
 
 
 @pytest.fixture
