@@ -252,32 +252,41 @@ async def _look(page: Page, proxy_url: str, log: TokenLog) -> Seen:
     return Seen(state, pixels, tip, errors, list(page.errors))
 
 
+@contextlib.asynccontextmanager
+async def timeline_page(sim_url: str, tmp_path: Path) -> AsyncIterator[tuple[Any, TokenLog, Any]]:
+    """The proxy with its timeline in front of ``sim_url``, and chromium on the page, connected:
+    yields (the proxy, its token log, the page)."""
+    log = TokenLog()
+    config = ProxyConfig(
+        upstream=sim_url,
+        listen=HostPort("127.0.0.1", 0),
+        admin=HostPort("127.0.0.1", 0),
+        backend_name="simulator",
+        provider="tokenstamp-sim",
+        timeline=True,
+        timeline_window_s=20.0,
+    )
+    proxy = await start_proxy(config, watcher=log)
+    try:
+        assert proxy.timeline is not None
+        async with chromium(tmp_path) as page:
+            await page.call("Page.navigate", url=proxy.admin_url + "/timeline")
+            await page.wait_for(
+                "window.__timelineState && window.__timelineState.connected", 15, "the feed"
+            )
+            yield proxy, log, page
+    finally:
+        await proxy.close(drain_timeout_s=2.0)
+
+
 @pytest.mark.timeout(90)
 async def test_timeline_page_draws_the_prefill_stall_where_the_ground_truth_puts_it(tmp_path):
     truth_path = tmp_path / "truth.jsonl"
     async with simulator(truth_path) as sim_url:
-        log = TokenLog()
-        config = ProxyConfig(
-            upstream=sim_url,
-            listen=HostPort("127.0.0.1", 0),
-            admin=HostPort("127.0.0.1", 0),
-            backend_name="simulator",
-            provider="tokenstamp-sim",
-            timeline=True,
-            timeline_window_s=20.0,
-        )
-        proxy = await start_proxy(config, watcher=log)
-        try:
+        async with timeline_page(sim_url, tmp_path) as (proxy, log, page):
             assert proxy.timeline is not None
             origin_ns = proxy.timeline.origin_ns
-            async with chromium(tmp_path) as page:
-                await page.call("Page.navigate", url=proxy.admin_url + "/timeline")
-                await page.wait_for(
-                    "window.__timelineState && window.__timelineState.connected", 15, "the feed"
-                )
-                seen = await _look(page, proxy.url, log)
-        finally:
-            await proxy.close(drain_timeout_s=2.0)
+            seen = await _look(page, proxy.url, log)
     truth = next(
         r
         for r in map(json.loads, truth_path.read_text(encoding="utf-8").splitlines())
@@ -392,66 +401,48 @@ async def test_timeline_colours_a_reasoning_streams_two_phases_where_the_truth_p
     truth_path = tmp_path / "truth.jsonl"
     options = ("--reasoning-tokens", "12", "--output-tokens", "16")
     async with simulator(truth_path, *options) as sim_url:
-        log = TokenLog()
-        config = ProxyConfig(
-            upstream=sim_url,
-            listen=HostPort("127.0.0.1", 0),
-            admin=HostPort("127.0.0.1", 0),
-            backend_name="simulator",
-            provider="tokenstamp-sim",
-            timeline=True,
-            timeline_window_s=20.0,
-        )
-        proxy = await start_proxy(config, watcher=log)
-        try:
+        async with timeline_page(sim_url, tmp_path) as (proxy, _, page):
             assert proxy.timeline is not None
             origin_ns = proxy.timeline.origin_ns
-            async with chromium(tmp_path) as page:
-                await page.call("Page.navigate", url=proxy.admin_url + "/timeline")
-                await page.wait_for(
-                    "window.__timelineState && window.__timelineState.connected", 15, "the feed"
-                )
-                async with aiohttp.ClientSession() as session:
-                    load = asyncio.gather(
-                        *(
-                            stream(session, proxy.url, thinker_body(extra), rid)
-                            for rid, extra in THINKERS.items()
-                        )
+            async with aiohttp.ClientSession() as session:
+                load = asyncio.gather(
+                    *(
+                        stream(session, proxy.url, thinker_body(extra), rid)
+                        for rid, extra in THINKERS.items()
                     )
-                    # Live, before it ends: the long thinker's answer began, its phases show.
-                    live = await page.wait_for(
-                        "(window.__timelineState.backends[0] || {phases: []}).phases.find(p =>"
-                        " p.stream === 'thinks-long' && p.open && p.answer)",
-                        30,
-                        "the long thinker's answer, live",
-                    )
-                    await load
-                state = await page.wait_for(
-                    "(() => { const st = window.__timelineState; const b = st.backends[0];"
-                    " return b && b.phases.length === 3 && b.phases.every(p => !p.open) && st; })()",
-                    10,
-                    "every stream's phases, finished",
                 )
-                await page.js("document.getElementById('pause').click()")
-                state = await page.wait_for(
-                    "window.__timelineState.paused && window.__timelineState", 5, "pause"
+                # Live, before it ends: the long thinker's answer began, its phases show.
+                live = await page.wait_for(
+                    "(window.__timelineState.backends[0] || {phases: []}).phases.find(p =>"
+                    " p.stream === 'thinks-long' && p.open && p.answer)",
+                    30,
+                    "the long thinker's answer, live",
                 )
-                ARTIFACTS.mkdir(parents=True, exist_ok=True)
-                await page.screenshot(ARTIFACTS / "timeline-reasoning.png")
-                phases = {p["stream"]: p for p in state["backends"][0]["phases"]}
-                pixels = {}
-                for rid, p in phases.items():
-                    # The row's top edge: under the band, above the ticks.
-                    pixels[rid] = (
-                        await page.js(_rgb_read(p["reasoning"], p["y0"] + 1)),
-                        None
-                        if p["answer"] is None
-                        else await page.js(_rgb_read(p["answer"], p["y0"] + 1)),
-                    )
-                errors = await page.js("window.__timelineState.errors")
-                console = list(page.errors)
-        finally:
-            await proxy.close(drain_timeout_s=2.0)
+                await load
+            state = await page.wait_for(
+                "(() => { const st = window.__timelineState; const b = st.backends[0];"
+                " return b && b.phases.length === 3 && b.phases.every(p => !p.open) && st; })()",
+                10,
+                "every stream's phases, finished",
+            )
+            await page.js("document.getElementById('pause').click()")
+            state = await page.wait_for(
+                "window.__timelineState.paused && window.__timelineState", 5, "pause"
+            )
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            await page.screenshot(ARTIFACTS / "timeline-reasoning.png")
+            phases = {p["stream"]: p for p in state["backends"][0]["phases"]}
+            pixels = {}
+            for rid, p in phases.items():
+                # The row's top edge: under the band, above the ticks.
+                pixels[rid] = (
+                    await page.js(_rgb_read(p["reasoning"], p["y0"] + 1)),
+                    None
+                    if p["answer"] is None
+                    else await page.js(_rgb_read(p["answer"], p["y0"] + 1)),
+                )
+            errors = await page.js("window.__timelineState.errors")
+            console = list(page.errors)
     truth = [json.loads(line) for line in truth_path.read_text(encoding="utf-8").splitlines()]
     first_answer = {r["x_request_id"]: r["first_answer_ns"] for r in truth if r["type"] == "finish"}
     first_token = {r["x_request_id"]: r["end_ns"] for r in truth if r["type"] == "prefill"}
