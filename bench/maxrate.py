@@ -57,6 +57,9 @@ class MaxRateResult:
     did not; empty for endless streams."""
     error_samples: list[str] = field(default_factory=list)
     """The first few error messages."""
+    connections: int = 0
+    """Client connections opened to the target over the run (the streams, plus one per
+    connection the target closed)."""
 
 
 def _cpu(pids: Sequence[tuple[str, int]]) -> dict[str, float]:
@@ -104,6 +107,7 @@ async def run(
         errors=hub.errors,
         body_sha256=hub.body_digest() if max_tokens else "",
         error_samples=list(hub.error_samples),
+        connections=hub.connections,
     )
 
 

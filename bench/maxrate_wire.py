@@ -75,6 +75,8 @@ class Hub:
         self.errors = 0
         self.error_samples: list[str] = []
         self.differing_digest = ""
+        self.connections = 0
+        """Client connections opened to the target (more than the streams: it closed some)."""
         self.connecting: set[asyncio.Task[object]] = set()  # held: a task needs a reference
 
     def error(self, message: str) -> None:
@@ -202,6 +204,7 @@ class Stream(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
         self.hub.streams[self.key] = self
+        self.hub.connections += 1
         self._send_request()
 
     def _send_request(self) -> None:

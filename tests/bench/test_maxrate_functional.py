@@ -80,13 +80,15 @@ async def test_every_request_ends_with_the_backends_body(aiohttp_server):
     assert res.requests > 0
     assert res.tokens == res.requests * 10
     assert res.body_sha256 == hashlib.sha256(Hub(10, "h", 1).expected).hexdigest()
+    assert res.connections == 4  # kept alive: each stream's requests on one connection
 
 
 async def test_a_target_that_closes_each_connection_gets_a_new_one(aiohttp_server):
     res = await _through_relay(aiohttp_server, 5, close=True)
     assert res.errors == 0, res.error_samples
-    # More requests than streams: each stream reconnected after its first response.
+    # Each stream reconnected after every response.
     assert res.requests > 4
+    assert res.connections >= res.requests
     assert res.tokens == res.requests * 5
 
 
