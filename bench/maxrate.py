@@ -40,8 +40,7 @@ class MaxRateResult:
     """What one max-rate load measured."""
 
     tokens: int
-    """Token chunks received inside the window (with ``max_tokens``: of the requests ended
-    in it)."""
+    """Token chunks received inside the window."""
     window_s: float
     """Length of the window, seconds."""
     cpu_s: dict[str, float]
@@ -78,11 +77,11 @@ async def run(
     """Serve on ``port``, drive ``streams`` closed-loop streams through ``url``, measure."""
     loop = asyncio.get_running_loop()
     host, _, target_port = url.removeprefix("http://").rstrip("/").rpartition(":")
-    hub = Hub(max_tokens, host, int(target_port))
+    hub = Hub(max_tokens, host, int(target_port), streams)
     server = await loop.create_server(lambda: Upstream(hub), "127.0.0.1", port)
     try:
         for k in range(streams):
-            hub.connect(k)
+            hub.connect(k, first=True)
         await asyncio.sleep(warmup_s)
         hub.counting = True
         cpu0, own0, w0 = _cpu(pids), _own_cpu_s(), time.monotonic()

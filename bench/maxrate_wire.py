@@ -13,7 +13,9 @@ asks, then hides it from its client), ``[DONE]`` and the chunked terminator. Wit
 (chunked, Content-Length or until close), tells its ``Upstream`` each token it received,
 and when the response has ended sends the next request at once, on the same connection
 unless the target closed it. Every ended response's body is compared with the backend's
-own bytes (without the usage event, which no client asked for).
+own bytes (without the usage event, which no client asked for). The first request of
+stream k of C asks for ``(k + 1) / C`` of ``max_tokens`` (as ``bench.loadgen`` does), so
+the streams do not end their requests in step and requests end evenly over the window.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ _LENGTH_RE = re.compile(rb"\r\ncontent-length:[ \t]*(\d+)")
 _CHUNKED_RE = re.compile(rb"\r\ntransfer-encoding:[^\r\n]*chunked")
 _CLOSE_RE = re.compile(rb"\r\nconnection:[^\r\n]*close")
 _USAGE = b'"include_usage":true'
+_LENGTH_FIELD_RE = re.compile(rb'"max_tokens": (\d+)')
 _MAX_ERROR_SAMPLES = 5
 
 # What a client stream is reading.
@@ -48,21 +51,16 @@ def _chunked(event: bytes) -> bytes:
 class Hub:
     """What both ends share: the answer's bytes, who serves which stream, and the counts."""
 
-    def __init__(self, max_tokens: int, host: str, port: int) -> None:
+    def __init__(self, max_tokens: int, host: str, port: int, streams: int = 1) -> None:
         self.max_tokens = max_tokens
         """Tokens per request; 0: endless streams."""
-        self.host, self.port = host, port
-        fmt = ChunkFormat(Answer(True, False, CYCLE, "bench-model", "maxrate"), 0)
-        role = fmt.role()
-        tokens = [fmt.content(i, 0) for i in range(CYCLE)]
-        finish = fmt.finish("length")
-        self.role = _chunked(role)
-        self.tokens = [_chunked(t) for t in tokens]
-        self.tail = _chunked(finish + DONE) + b"0\r\n\r\n"
-        self.tail_usage = _chunked(finish + fmt.usage(max_tokens) + DONE) + b"0\r\n\r\n"
-        self.expected = b"".join([role, *(tokens[i % CYCLE] for i in range(max_tokens)),
-                                  finish, DONE])  # fmt: skip
-        """The body every finite request's client must receive."""
+        self.host, self.port, self.streams_total = host, port, streams
+        self._fmt = fmt = ChunkFormat(Answer(True, False, CYCLE, "bench-model", "maxrate"), 0)
+        self._events = [fmt.content(i, 0) for i in range(CYCLE)]
+        self._finish = fmt.finish("length")
+        self.role = _chunked(fmt.role())
+        self.tokens = [_chunked(t) for t in self._events]
+        self._ends: dict[int, tuple[bytes, bytes, bytes]] = {}
         self.servers: dict[int, Upstream] = {}
         """The upstream connection answering each stream's request now."""
         self.streams: dict[int, Stream] = {}
@@ -85,16 +83,36 @@ class Hub:
         if len(self.error_samples) < _MAX_ERROR_SAMPLES:
             self.error_samples.append(message)
 
-    def body_digest(self) -> str:
-        """sha256 of the backend's body when every ended body equalled it, else of one that
-        did not."""
-        return self.differing_digest or hashlib.sha256(self.expected).hexdigest()
+    def first_length(self, key: int) -> int:
+        """Tokens of stream ``key``'s first request: ``(key + 1) / streams`` of the length."""
+        if not self.max_tokens:
+            return 0  # endless
+        return max(1, self.max_tokens * (key + 1) // self.streams_total)
 
-    def connect(self, key: int) -> None:
-        """Open stream ``key``'s connection to the target (again) in the background."""
+    def ends(self, n: int) -> tuple[bytes, bytes, bytes]:
+        """For an ``n``-token answer: its end on the wire without and with the usage event
+        (chunked, with the terminator), and the whole body its client must receive."""
+        end = self._ends.get(n)
+        if end is None:
+            finish, usage = self._finish, self._fmt.usage(n)
+            body = [self._fmt.role(), *(self._events[i % CYCLE] for i in range(n)), finish, DONE]
+            end = (_chunked(finish + DONE) + b"0\r\n\r\n",
+                   _chunked(finish + usage + DONE) + b"0\r\n\r\n", b"".join(body))  # fmt: skip
+            self._ends[n] = end
+        return end
+
+    def body_digest(self) -> str:
+        """sha256 of the backend's ``max_tokens`` body when every ended body equalled the
+        backend's, else of one that did not."""
+        return self.differing_digest or hashlib.sha256(self.ends(self.max_tokens)[2]).hexdigest()
+
+    def connect(self, key: int, *, first: bool = False) -> None:
+        """Open stream ``key``'s connection to the target in the background: ``first``, or
+        again after the target closed one (then its requests have the whole length)."""
+        length = self.first_length(key) if first else self.max_tokens
         loop = asyncio.get_running_loop()
-        task = loop.create_task(loop.create_connection(lambda: Stream(self, key), self.host,
-                                                       self.port))  # fmt: skip
+        task = loop.create_task(loop.create_connection(lambda: Stream(self, key, length),
+                                                       self.host, self.port))  # fmt: skip
         self.connecting.add(task)
         task.add_done_callback(self._connected)
 
@@ -114,6 +132,8 @@ class Upstream(asyncio.Protocol):
         self.key = -1
         """The stream whose request is being answered; -1 between requests."""
         self.sent = 0
+        self.total = 0
+        """Tokens the request asked for; 0: endless."""
         self.usage = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -148,6 +168,8 @@ class Upstream(asyncio.Protocol):
                 self.transport.close()  # not the load's request: nothing to answer
             return
         self.key, self.sent, self.usage = int(m.group(1)), 0, _USAGE in body
+        n = _LENGTH_FIELD_RE.search(body)
+        self.total = int(n.group(1)) if n is not None and self.hub.max_tokens else 0
         self.hub.servers[self.key] = self
         self.transport.write(_HEAD + self.hub.role)
         self.send()
@@ -157,11 +179,12 @@ class Upstream(asyncio.Protocol):
         transport, hub = self.transport, self.hub
         if transport is None or transport.is_closing() or self.key < 0:
             return
-        if not hub.max_tokens or self.sent < hub.max_tokens:
+        if not self.total or self.sent < self.total:
             transport.write(hub.tokens[self.sent % CYCLE])
             self.sent += 1
             return
-        transport.write(hub.tail_usage if self.usage else hub.tail)
+        tail, tail_usage, _ = hub.ends(self.total)
+        transport.write(tail_usage if self.usage else tail)
         if hub.servers.get(self.key) is self:
             del hub.servers[self.key]
         self.key = -1
@@ -189,9 +212,11 @@ def request(host: str, key: int, max_tokens: int) -> bytes:
 class Stream(asyncio.Protocol):
     """Client side of one closed-loop stream: one request after another, one token at a time."""
 
-    def __init__(self, hub: Hub, key: int) -> None:
+    def __init__(self, hub: Hub, key: int, length: int) -> None:
         self.hub, self.key = hub, key
-        self.request = request(hub.host, key, hub.max_tokens)
+        self.length = length
+        """Tokens this stream's current request asks for."""
+        self.request = request(hub.host, key, self.length)
         self.transport: asyncio.Transport | None = None
         self.state = _IDLE
         self.buf = b""
@@ -304,11 +329,10 @@ class Stream(asyncio.Protocol):
         if not n:
             return
         hub = self.hub
-        if not hub.max_tokens:
-            if hub.counting:
-                hub.tokens_counted += n
-        else:
-            n = min(n, hub.max_tokens - self.got)
+        if hub.counting:
+            hub.tokens_counted += n
+        if hub.max_tokens:
+            n = min(n, self.length - self.got)
             self.got += n
         server = hub.servers.get(self.key)
         if server is not None:
@@ -319,15 +343,17 @@ class Stream(asyncio.Protocol):
         """The response ended: check its body, then the next request at once."""
         hub = self.hub
         body = b"".join(self.pieces or ())
-        if body == hub.expected:
+        if body == hub.ends(self.length)[2]:
             if hub.counting:
                 hub.requests_counted += 1
-                hub.tokens_counted += self.got
         else:
             hub.differing += 1
             hub.differing_digest = hub.differing_digest or hashlib.sha256(body).hexdigest()
             hub.error(f"body of {len(body)} bytes differs from the backend's")
         self.state = _IDLE
+        if self.length != hub.max_tokens:  # the first request was shorter
+            self.length = hub.max_tokens
+            self.request = request(hub.host, self.key, self.length)
         if not hub.running or self.transport is None:
             return
         if self.keep_alive:

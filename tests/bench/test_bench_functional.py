@@ -147,20 +147,22 @@ def test_max_rate_at_a_length_ends_every_request_with_the_backends_body(tmp_path
     for load in report["rounds"]:
         assert load["errors"] == 0, (load["target"], load["error_samples"])
         assert load["requests_completed"] > 0, load["target"]
-        # Only whole requests count, each with exactly its 10 tokens.
-        assert load["tokens"] == 10 * load["requests_completed"], load["target"]
+        # Tokens count as they arrive, requests as they end (each with its 10 tokens and the
+        # backend's body): apart by at most the 4 streams' requests open at the window's edges.
+        assert abs(load["tokens"] - 10 * load["requests_completed"]) <= 2 * 4 * 10, load
     digests = {row["body_sha256"] for row in rows.values()}
     assert len(digests) == 1
     assert len(digests.pop()) == 64
     for name, row in rows.items():
         assert row["identical"], name
-        assert row["requests_per_s"] == pytest.approx(row["tokens_per_s"] / 10), name
+        assert row["requests_per_s"] > 0, name
     assert rows["direct"]["cpu_us_per_request"] is None
     for name in rows.keys() - {"direct"}:
         row = rows[name]
         per_request_us = row["target_cpu_cores"] / row["requests_per_s"] * 1e6
         assert row["cpu_us_per_request"] == pytest.approx(per_request_us, rel=0.05), name
-        assert row["cpu_us_per_request"] == pytest.approx(10 * row["cpu_us_per_token"]), name
+        per_token_us = row["target_cpu_cores"] / row["tokens_per_s"] * 1e6
+        assert row["cpu_us_per_token"] == pytest.approx(per_token_us, rel=0.05), name
     assert "| target | requests/s | tokens/s | target CPU (cores) |" in table
     assert "10 tokens per request and the next request at once" in table
     assert "Every ended body byte-identical to the backend's" in table
