@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo demo-techniques test test-vllm test-compiled build-compiled check-compiled install-vllm install install-test deps-system lint fmt bench clean dashboards chart-sync docs
+.PHONY: demo demo-techniques test test-vllm test-compiled build-compiled check-compiled install-vllm install install-test deps-system lint fmt bench bench-docs clean dashboards chart-sync docs
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -86,6 +86,16 @@ check-compiled:
 
 bench: install
 	$(BIN)/tokenstamp bench
+
+## docs/benchmark.md's latest run: the bench with the page's flags (every default target,
+## steady and max-rate at 10 and 200 tokens), its Markdown spliced into the page as written.
+## On a shared machine: flock /tmp/tokenstamp-quiet.lock make bench-docs
+BENCH_DOCS_OUT ?= build/benchmark-latest
+bench-docs: install
+	mkdir -p $(dir $(BENCH_DOCS_OUT))
+	$(BIN)/tokenstamp bench --scenario steady,max-rate --max-tokens 10,200 \
+		--markdown $(BENCH_DOCS_OUT).md --json $(BENCH_DOCS_OUT).json
+	$(BIN)/python -m bench.docpage $(BENCH_DOCS_OUT).md docs/benchmark.md
 
 ## Regenerate dashboards and rules from dashboards/config.py, then copy them into the chart.
 dashboards: install-test

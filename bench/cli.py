@@ -35,6 +35,7 @@ from bench.targets import (
     select_targets,
 )
 from bench.twopoint import markdown as two_point
+from bench.twopoint import shortest_max_rate
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -54,8 +55,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--scenario",
         default="steady",
         help="comma-separated scenarios, run in turn: steady (each stream on its own timer), "
-        "lockstep (every open stream's token written in one backend step), max-rate (tokens/s "
-        "through one core, one token per read), or all (default steady)",
+        "lockstep (every open stream's token written in one backend step), max-rate (requests/s "
+        "and tokens/s through one core, one token per read; endless streams without "
+        "--max-tokens), or all (default steady)",
     )
     p.add_argument(
         "--streams",
@@ -99,10 +101,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=3,
         help="rounds; each runs every target once in rotating order (default 3)",
     )
-    p.add_argument("--max-tokens", type=_lengths, default=(200,),
+    p.add_argument("--max-tokens", type=_lengths, default=None,
                    help="tokens per request, or a comma-separated list (e.g. 10,200): each "
                    "scenario runs at each length, and a table fits what a request costs beside "
-                   "its tokens (default 200)")  # fmt: skip
+                   "its tokens (default: 200; max-rate: endless streams)")  # fmt: skip
     p.add_argument(
         "--tokens-per-write",
         type=int,
@@ -176,23 +178,25 @@ def run(args: argparse.Namespace) -> int:
         return _fail("--memory-streams must be >= 0", 2)
     if args.tokens_per_write < 1:
         return _fail("--tokens-per-write must be >= 1", 2)
-    reports = []
-    tables: list[str] = []
+    runs: list[list[BenchReport]] = []
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         for scenario in scenarios:
-            # max-rate streams endlessly (no request length): run once.
-            lengths = args.max_tokens[:1] if scenario == MAX_RATE else args.max_tokens
-            by_length = [_one(args, targets, scenario, n) for n in lengths]
-            reports.extend(by_length)
-            tables.extend(markdown(r) for r in by_length)
-            fitted = two_point(by_length)
-            if fitted:
-                tables.append(fitted)
+            runs.append(
+                [_one(args, targets, scenario, n) for n in _scenario_lengths(args, scenario)]
+            )
     except (BenchError, ChildError, TargetError) as exc:
         return _fail(str(exc), 1)
     finally:
         signal.signal(signal.SIGTERM, previous)
+    reports = [r for by_length in runs for r in by_length]
+    rate = shortest_max_rate(reports)
+    tables: list[str] = []
+    for by_length in runs:
+        tables.extend(markdown(r) for r in by_length)
+        fitted = two_point(by_length, rate)
+        if fitted:
+            tables.append(fitted)
     table = "\n".join(tables)
     sys.stdout.write(table)
     if args.markdown is not None:
@@ -230,6 +234,14 @@ def _one(
         tokens_per_write=args.tokens_per_write if scenario == STEADY else 1,
     )
     return run_bench(options, log=_log)
+
+
+def _scenario_lengths(args: argparse.Namespace, scenario: str) -> tuple[int, ...]:
+    """The request lengths a scenario runs at: ``--max-tokens``; without it 200, and for
+    max-rate 0 (endless streams: the per-token ceiling)."""
+    if args.max_tokens is not None:
+        return tuple(args.max_tokens)
+    return (0,) if scenario == MAX_RATE else (200,)
 
 
 def _lengths(text: str) -> tuple[int, ...]:

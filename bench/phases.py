@@ -96,20 +96,22 @@ def pin(pid: int, core: int) -> None:
 
 def max_rate_load(
     backend_port: int, url: str, streams: int, duration_s: float, warmup_s: float,
-    target_pid: int | None, load_core: int | None,
+    target_pid: int | None, load_core: int | None, max_tokens: int = 0,
 ) -> LoadResult:  # fmt: skip
-    """One max-rate window through ``url``, as a ``LoadResult`` (no latency samples)."""
+    """One max-rate window through ``url``, as a ``LoadResult`` (no latency samples);
+    ``max_tokens`` per request, 0 for endless streams."""
     argv = [_python(), "-m", "bench.maxrate", "--port", str(backend_port), "--url", url,
             "--streams", str(streams), "--duration", repr(duration_s),
-            "--warmup", repr(warmup_s)]  # fmt: skip
+            "--warmup", repr(warmup_s), "--max-tokens", str(max_tokens)]  # fmt: skip
     if load_core is not None:
         argv += ["--core", str(load_core)]
     if target_pid is not None:
         argv += ["--cpu-pid", f"target={target_pid}"]
     d = _run_json(argv, duration_s + warmup_s + 60, "max-rate load")
     return LoadResult(
-        tokens=int(d["tokens"]), requests_completed=0, errors=0,
-        window_s=float(d["window_s"]), transit=EMPTY, ttft=EMPTY, gap=EMPTY,
-        cpu_s={str(k): float(v) for k, v in d["cpu_s"].items()},
-        loadgen_cpu_s=float(d["own_cpu_s"]),
+        tokens=int(d["tokens"]), requests_completed=int(d["requests"]),
+        errors=int(d["errors"]), window_s=float(d["window_s"]), transit=EMPTY, ttft=EMPTY,
+        gap=EMPTY, cpu_s={str(k): float(v) for k, v in d["cpu_s"].items()},
+        loadgen_cpu_s=float(d["own_cpu_s"]), body_sha256=str(d["body_sha256"]),
+        error_samples=tuple(str(e) for e in d["error_samples"]),
     )  # fmt: skip

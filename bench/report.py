@@ -9,7 +9,7 @@ with the memory figure, RSS per open stream (KiB).
 Lockstep adds the transit of each step's last-delivered token (p50 / p99) and
 its extra over direct. Max-rate shows tokens/s, the CPU cores the target and
 the load used (1.00 is one core saturated), CPU per token, and which side
-bounded the rate.
+bounded the rate; with a request length also requests/s and CPU per request.
 """
 
 from __future__ import annotations
@@ -58,8 +58,12 @@ def _cells(report: BenchReport, r: TargetRow, memory: bool) -> list[str]:
     cpu, ratio = _f(r.cpu_us_per_token, ".1f"), _f(r.cpu_ratio, ".2f")
     ratio = ratio if ratio == _NA else ratio + "x"
     if scenario == MAX_RATE:
-        return [r.name, _f(r.tokens_per_s, ",.0f"), _f(r.target_cpu_cores, ".2f"),
-                _f(r.load_cpu_cores, ".2f"), cpu, ratio, bound(r)]  # fmt: skip
+        per_request = [_f(r.requests_per_s, ",.0f")] if report.options.max_tokens else []
+        cells = [r.name, *per_request, _f(r.tokens_per_s, ",.0f"), _f(r.target_cpu_cores, ".2f"),
+                 _f(r.load_cpu_cores, ".2f")]  # fmt: skip
+        if report.options.max_tokens:
+            cells.append(_f(r.cpu_us_per_request, ",.0f"))
+        return [*cells, cpu, ratio, bound(r)]
     cells = [
         r.name,
         f"{r.tokens:,}",
@@ -77,8 +81,11 @@ def _cells(report: BenchReport, r: TargetRow, memory: bool) -> list[str]:
 
 def _header(report: BenchReport, memory: bool) -> list[str]:
     if report.options.scenario == MAX_RATE:
-        return ["target", "tokens/s", "target CPU (cores)", "load CPU (cores)", "CPU µs/token",
-                "CPU vs pass-through", "bound"]  # fmt: skip
+        if not report.options.max_tokens:
+            return ["target", "tokens/s", "target CPU (cores)", "load CPU (cores)",
+                    "CPU µs/token", "CPU vs pass-through", "bound"]  # fmt: skip
+        return ["target", "requests/s", "tokens/s", "target CPU (cores)", "load CPU (cores)",
+                "CPU µs/request", "CPU µs/token", "CPU vs pass-through", "bound"]  # fmt: skip
     cols = ["target", "tokens", "transit p50 / p99 (ms)", "extra transit vs direct p50 / p99 (ms)"]
     if report.options.scenario == LOCKSTEP:
         cols += ["last of step p50 / p99 (ms)", "extra last vs direct p50 / p99 (ms)"]
@@ -92,10 +99,16 @@ def _load_line(report: BenchReport) -> str:
     o = report.options
     common = (f"{o.rounds} round(s) of {o.window_s:.1f} s per target, order rotating; "
               f"medians over rounds; {os.cpu_count()} CPU(s).")  # fmt: skip
+    if o.scenario == MAX_RATE and not o.max_tokens:
+        return (
+            f"max-rate: {o.streams} closed-loop endless streams, one token in flight per stream "
+            f"(one token per read), target pinned to one core, load on another; {common}"
+        )
     if o.scenario == MAX_RATE:
         return (
             f"max-rate: {o.streams} closed-loop streams, one token in flight per stream "
-            f"(one token per read), target pinned to one core, load on another; {common}"
+            f"(one token per read), {o.max_tokens} tokens per request and the next request at "
+            f"once, target pinned to one core, load on another; {common}"
         )
     if o.scenario == LOCKSTEP:
         return (
@@ -125,10 +138,15 @@ def markdown(report: BenchReport) -> str:
     notes: list[str] = []
     differing = [r.name for r in report.rows if not r.identical]
     reference = DIRECT if any(r.name == DIRECT for r in report.rows) else report.rows[0].name
-    if report.options.scenario == MAX_RATE:
+    if report.options.scenario == MAX_RATE and not report.options.max_tokens:
         notes.append(
-            "Bodies not compared in max-rate (the steady and lockstep runs compare them). "
-            "bound: the side whose CPU was saturated; neither: the cores were shared."
+            "Bodies not compared in endless max-rate (the steady and lockstep runs compare "
+            "them). bound: the side whose CPU was saturated; neither: the cores were shared."
+        )
+    elif report.options.scenario == MAX_RATE and not differing:
+        notes.append(
+            "Every ended body byte-identical to the backend's, through every target. bound: "
+            "the side whose CPU was saturated; neither: the cores were shared."
         )
     elif differing:
         notes.append(f"Bodies NOT byte-identical to {reference}'s: {', '.join(differing)}.")

@@ -20,7 +20,8 @@ STEADY = "steady"
 LOCKSTEP = "lockstep"
 """Every open stream's next token written in one backend step, ``step_rate_per_s`` steps/s."""
 MAX_RATE = "max-rate"
-"""Target pinned to one core, closed loop at one token per read: tokens/s."""
+"""Target pinned to one core, closed loop at one token per read: requests/s and tokens/s
+(``max_tokens`` 0: endless streams, tokens/s only)."""
 SCENARIOS = (STEADY, LOCKSTEP, MAX_RATE)
 """Every scenario, in the order ``--scenario all`` runs them."""
 UNCHECKED = "-"
@@ -42,7 +43,7 @@ class BenchOptions:
     rounds: int = 3
     """Rounds; each runs every target once."""
     max_tokens: int = 200
-    """Tokens per request."""
+    """Tokens per request; 0 (max-rate only): endless streams."""
     warmup_s: float = 1.0
     """Seconds of load before each window opens."""
     scenario: str = STEADY
@@ -76,6 +77,13 @@ class RoundResult:
         """Target CPU microseconds per token relayed (NaN for ``direct`` or no tokens)."""
         cpu = self.load.cpu_s.get("target", math.nan)
         return cpu / self.load.tokens * 1e6 if self.load.tokens else math.nan
+
+    @property
+    def cpu_us_per_request(self) -> float:
+        """Target CPU microseconds per request ended (NaN for ``direct`` or no request ended)."""
+        cpu = self.load.cpu_s.get("target", math.nan)
+        n = self.load.requests_completed
+        return cpu / n * 1e6 if n else math.nan
 
     @property
     def backend_us_per_token(self) -> float:
@@ -129,6 +137,11 @@ class TargetRow:
     """``last`` p99 minus the direct target's."""
     tokens_per_s: float = math.nan
     """Tokens received per second of window, median over rounds."""
+    requests_per_s: float = math.nan
+    """Max-rate with a request length: requests ended per second of window, median over
+    rounds (NaN: endless streams, or another scenario)."""
+    cpu_us_per_request: float = math.nan
+    """Max-rate with a request length: target CPU µs per request ended, median over rounds."""
     target_cpu_cores: float = math.nan
     """Target CPU seconds per second of window (1.0: one core saturated), median over rounds."""
     load_cpu_cores: float = math.nan
@@ -159,6 +172,10 @@ def _per_window(rs: Sequence[RoundResult], amount: Callable[[LoadResult], float]
     return median(amount(r.load) / r.load.window_s if r.load.window_s > 0 else math.nan for r in rs)
 
 
+def _ended(load: LoadResult) -> float:
+    return load.requests_completed
+
+
 def aggregate(
     options: BenchOptions,
     results: Sequence[RoundResult],
@@ -174,6 +191,7 @@ def aggregate(
     direct = transit.get(DIRECT)
     base_cpu = cpu.get(PASSTHROUGH, math.nan)
     reference = digests.get(DIRECT) or digests.get(options.targets[0].name, "")
+    finite_rate = options.scenario == MAX_RATE and options.max_tokens > 0
     rows: list[TargetRow] = []
     for t in options.targets:
         rs = by_name[t.name]
@@ -200,6 +218,10 @@ def aggregate(
                 extra_last_p50_ms=ls.p50_ms - dl.p50_ms if dl else math.nan,
                 extra_last_p99_ms=ls.p99_ms - dl.p99_ms if dl else math.nan,
                 tokens_per_s=_per_window(rs, lambda load: load.tokens),
+                requests_per_s=_per_window(rs, _ended) if finite_rate else math.nan,
+                cpu_us_per_request=median(r.cpu_us_per_request for r in rs)
+                if finite_rate
+                else math.nan,
                 target_cpu_cores=_per_window(rs, lambda load: load.cpu_s.get("target", math.nan)),
                 load_cpu_cores=_per_window(rs, lambda load: load.loadgen_cpu_s),
                 memory_kib_per_stream=mem.kib_per_stream("target") if mem else math.nan,

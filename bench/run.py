@@ -16,9 +16,11 @@ Scenarios (one per run; ``tokenstamp bench --scenario`` runs several in turn):
 ``steady`` (every stream on its own timer), ``lockstep`` (the backend writes
 every open stream's next token in one step, as an engine does; the load also
 keeps each step's last-delivered token) and ``max-rate`` (each target pinned to
-one core, a closed loop at one token per read: tokens/s and CPU, no latency,
-no byte check). With ``memory_streams``, steady and lockstep also measure the
-target's RSS per open stream right after verification.
+one core, a closed loop at one token per read: requests/s, tokens/s and CPU, no
+latency; with a request length every ended body is compared with the backend's
+during the load itself, endless streams are not compared). With ``memory_streams``,
+steady and lockstep also measure the target's RSS per open stream right after
+verification.
 
 A target whose program is missing (nginx) is skipped and named in the report.
 Every child is stopped at the end, also on error or Ctrl-C.
@@ -194,7 +196,7 @@ def _measure(
             if options.scenario == MAX_RATE:
                 res = max_rate_load(started.backend_port, started.urls[t.name], options.streams,
                                     window, warmup, proc.pid if proc is not None else None,
-                                    cores[1] if cores else None)  # fmt: skip
+                                    cores[1] if cores else None, options.max_tokens)  # fmt: skip
             else:
                 pids = [f"backend={started.backend.pid}"] if started.backend is not None else []
                 if proc is not None:
@@ -208,12 +210,33 @@ def _measure(
             if res.tokens == 0:
                 raise BenchError(f"{t.name}: no tokens received; errors: {res.error_samples}")
             results.append(RoundResult(t.name, r, res))
-            log(f"round {r + 1}/{options.rounds} {t.name}: {res.tokens} tokens "
-                f"({res.tokens / res.window_s:.0f}/s), transit p50 {res.transit.p50_ms:.3f} ms "
-                f"p99 {res.transit.p99_ms:.3f} ms, "
-                f"cpu {results[-1].cpu_us_per_token:.1f} us/token")  # fmt: skip
+            if options.scenario == MAX_RATE:
+                log(f"round {r + 1}/{options.rounds} {t.name}: {res.tokens} tokens "
+                    f"({res.tokens / res.window_s:.0f}/s), {res.requests_completed} requests "
+                    f"({res.requests_completed / res.window_s:.0f}/s), {res.errors} errors, "
+                    f"cpu {results[-1].cpu_us_per_token:.1f} us/token")  # fmt: skip
+            else:
+                log(f"round {r + 1}/{options.rounds} {t.name}: {res.tokens} tokens "
+                    f"({res.tokens / res.window_s:.0f}/s), transit p50 "
+                    f"{res.transit.p50_ms:.3f} ms p99 {res.transit.p99_ms:.3f} ms, "
+                    f"cpu {results[-1].cpu_us_per_token:.1f} us/token")  # fmt: skip
             time.sleep(_SETTLE_S)
     return results
+
+
+def _max_rate_digests(options: BenchOptions, results: Sequence[RoundResult]) -> dict[str, str]:
+    """Per target, the body digest every max-rate round reported (each compared every ended
+    body with the backend's); ``UNCHECKED`` for endless streams."""
+    out: dict[str, str] = {}
+    for t in options.targets:
+        seen = {r.load.body_sha256 for r in results if r.target == t.name}
+        if options.max_tokens == 0:
+            out[t.name] = UNCHECKED
+        elif len(seen) == 1:
+            out[t.name] = seen.pop()
+        else:
+            out[t.name] = "rounds differ"
+    return out
 
 
 def _memory(
@@ -255,12 +278,14 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = print) -> Benc
             started = _start(children, options)
             log(f"{options.scenario}: {len(options.targets)} targets up")
             if options.scenario == MAX_RATE:
-                digests = {t.name: UNCHECKED for t in options.targets}
+                digests = {}
             else:
                 digests = _verify(options, started)
                 if options.memory_streams > 0:
                     memory = _memory(options, started, log)
             results = _measure(options, started, log)
+            if options.scenario == MAX_RATE:
+                digests = _max_rate_digests(options, results)
             for name, child in started.procs.items():
                 try:
                     child.check_alive()

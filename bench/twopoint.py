@@ -5,7 +5,9 @@ work of a request whatever its length (connection, head, parse, the end-of-reque
 fan-out), ``T`` the work of a token. Per token that is ``c(n) = R / n + T``; two
 lengths measured in the same run give both: ``R = (c1 - c2) / (1/n1 - 1/n2)`` and
 ``T = c1 - R / n1``. Runs of more than two lengths are fitted by least squares on
-``c`` against ``1 / n``. Pure: numbers in, Markdown out.
+``c`` against ``1 / n``. When max-rate ran with a request length in the same run, the
+table also shows each target's requests/s on one core at the shortest such length.
+Pure: numbers in, Markdown out.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from bench.run import BenchReport
+from bench.run import MAX_RATE, BenchReport
 
 _NA = "-"
 
@@ -61,8 +63,18 @@ def fits(reports: Sequence[BenchReport]) -> list[Fit]:
     return out
 
 
-def markdown(reports: Sequence[BenchReport]) -> str:
-    """The two-point table of ``reports`` (one scenario at several lengths); empty below two."""
+def shortest_max_rate(reports: Sequence[BenchReport]) -> BenchReport | None:
+    """The max-rate report of ``reports`` at the fewest tokens per request (None: no
+    max-rate report with a request length)."""
+    finite = [r for r in reports if r.options.scenario == MAX_RATE and r.options.max_tokens]
+    return min(finite, key=lambda r: r.options.max_tokens, default=None)
+
+
+def markdown(reports: Sequence[BenchReport], max_rate: BenchReport | None = None) -> str:
+    """The two-point table of ``reports`` (one scenario at several lengths); empty below two.
+
+    With ``max_rate`` (a max-rate report with a request length), a column of each target's
+    requests/s there."""
     if len({r.options.max_tokens for r in reports}) < 2:
         return ""
     lengths = [r.options.max_tokens for r in reports]
@@ -72,6 +84,10 @@ def markdown(reports: Sequence[BenchReport]) -> str:
         "µs per request",
         "µs per token",
     ]
+    rate: dict[str, float] = {}
+    if max_rate is not None:
+        header.append(f"max-rate requests/s at {max_rate.options.max_tokens} tokens")
+        rate = {row.name: row.requests_per_s for row in max_rate.rows}
     lines = [
         f"{reports[0].options.scenario}, fitted from {', '.join(map(str, lengths))} tokens per "
         "request in this run: CPU per request = µs per request + µs per token x tokens.",
@@ -82,6 +98,8 @@ def markdown(reports: Sequence[BenchReport]) -> str:
     for f in fits(reports):
         cells = [f.name, *(_num(f.per_token_us[n]) for n in lengths)]
         cells += [_num(f.per_request_us, ",.0f"), _num(f.token_us)]
+        if max_rate is not None:
+            cells.append(_num(rate.get(f.name, math.nan), ",.0f"))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -109,41 +109,89 @@ def test_tokens_per_write_reaches_every_target_as_whole_chunks(tmp_path):
         assert row["tokens"] > 0, row["name"]
 
 
-def test_max_rate_reports_tokens_per_second_on_one_core(tmp_path):
+def _endless(args):
+    return [a for a in args if a not in ("--max-tokens", "30")]
+
+
+def test_max_rate_without_a_length_streams_endlessly_on_one_core(tmp_path):
     report, table, _ = _bench(tmp_path, "--scenario", "max-rate", "--targets",
-                              "direct,nginx,passthrough-uvloop,tokenstamp", *TINY)  # fmt: skip
+                              "direct,nginx,passthrough-uvloop,tokenstamp",
+                              *_endless(TINY))  # fmt: skip
     rows = {r["name"]: r for r in report["targets"]}
     assert report["options"]["scenario"] == "max-rate"
+    assert report["options"]["max_tokens"] == 0
     for name, row in rows.items():
         assert row["tokens"] > 0, name
         assert row["tokens_per_s"] > 0, name
         assert row["load_cpu_cores"] > 0, name
+        assert row["requests_per_s"] is None, name
+        assert row["cpu_us_per_request"] is None, name
     for name in rows.keys() - {"direct"}:
         row = rows[name]
         assert 0 < row["target_cpu_cores"] <= 1.05, name  # pinned: at most one core
         per_token_us = row["target_cpu_cores"] / row["tokens_per_s"] * 1e6
         assert row["cpu_us_per_token"] == pytest.approx(per_token_us, rel=0.05), name
     assert "| target | tokens/s | target CPU (cores) |" in table
-    assert "Bodies not compared in max-rate" in table
+    assert "closed-loop endless streams" in table
+    assert "Bodies not compared in endless max-rate" in table
+
+
+def test_max_rate_at_a_length_ends_every_request_with_the_backends_body(tmp_path):
+    """``--max-tokens 10``: whole requests, one after another, through every target."""
+    targets = "direct,nginx,passthrough-uvloop,tcp-relay,tokenstamp"
+    report, table, _ = _bench(tmp_path, "--scenario", "max-rate", "--targets", targets,
+                              *_endless(TINY), "--max-tokens", "10")  # fmt: skip
+    rows = {r["name"]: r for r in report["targets"]}
+    assert list(rows) == [n for n in targets.split(",") if HAVE_NGINX or n != "nginx"]
+    assert report["options"]["max_tokens"] == 10
+    for load in report["rounds"]:
+        assert load["errors"] == 0, (load["target"], load["error_samples"])
+        assert load["requests_completed"] > 0, load["target"]
+        # Tokens count as they arrive, requests as they end (each with its 10 tokens and the
+        # backend's body): apart by at most the 4 streams' requests open at the window's edges.
+        assert abs(load["tokens"] - 10 * load["requests_completed"]) <= 2 * 4 * 10, load
+    digests = {row["body_sha256"] for row in rows.values()}
+    assert len(digests) == 1
+    assert len(digests.pop()) == 64
+    for name, row in rows.items():
+        assert row["identical"], name
+        assert row["requests_per_s"] > 0, name
+    assert rows["direct"]["cpu_us_per_request"] is None
+    for name in rows.keys() - {"direct"}:
+        row = rows[name]
+        per_request_us = row["target_cpu_cores"] / row["requests_per_s"] * 1e6
+        assert row["cpu_us_per_request"] == pytest.approx(per_request_us, rel=0.05), name
+        per_token_us = row["target_cpu_cores"] / row["tokens_per_s"] * 1e6
+        assert row["cpu_us_per_token"] == pytest.approx(per_token_us, rel=0.05), name
+    assert "| target | requests/s | tokens/s | target CPU (cores) |" in table
+    assert "10 tokens per request and the next request at once" in table
+    assert "Every ended body byte-identical to the backend's" in table
 
 
 def test_two_lengths_give_each_targets_cost_per_request_and_per_token(tmp_path):
-    """``--max-tokens 5,40``: the scenario runs at both lengths, then one table fits them."""
-    args = [a for a in TINY if a not in ("--max-tokens", "30")]
-    report, table, _ = _bench(tmp_path, "--targets", "passthrough,tokenstamp", *args,
-                              "--max-tokens", "5,40", "--memory-streams", "0")  # fmt: skip
-    lengths = [s["options"]["max_tokens"] for s in report["scenarios"]]
-    assert lengths == [5, 40]
+    """``--max-tokens 5,40``: each scenario runs at both lengths, then one table fits them;
+    with max-rate in the run, the table has its requests/s at 5 tokens."""
+    report, table, _ = _bench(tmp_path, "--scenario", "steady,max-rate", "--targets",
+                              "passthrough,tokenstamp", *_endless(TINY), "--max-tokens", "5,40",
+                              "--memory-streams", "0")  # fmt: skip
+    lengths = [(s["options"]["scenario"], s["options"]["max_tokens"]) for s in report["scenarios"]]
+    assert lengths == [("steady", 5), ("steady", 40), ("max-rate", 5), ("max-rate", 40)]
+    at5_rate = {r["name"]: r["requests_per_s"] for r in report["scenarios"][2]["targets"]}
     fitted = table[table.index("steady, fitted from 5, 40 tokens per request") :]
+    fitted = fitted[: fitted.index("max-rate:")]
+    assert "| max-rate requests/s at 5 tokens |" in fitted
+    assert "max-rate, fitted from 5, 40 tokens per request" in table
     rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in fitted.splitlines()
             if line.startswith("| ") and "target" not in line}  # fmt: skip
     assert set(rows) == {"passthrough", "tokenstamp"}
     for cells in rows.values():
         at5, at40 = float(cells[1]), float(cells[2])
         per_request = float(cells[3].replace(",", ""))
-        per_token = float(cells[4].rstrip(" |"))
+        per_token = float(cells[4])
         assert per_request + per_token * 5 == pytest.approx(at5 * 5, rel=0.01)
         assert per_request + per_token * 40 == pytest.approx(at40 * 40, rel=0.01)
+        rate = float(cells[5].rstrip(" |").replace(",", ""))
+        assert rate == pytest.approx(at5_rate[cells[0].strip("| ")], abs=0.5)
 
 
 def test_bad_flags_exit_2_with_one_line():

@@ -120,7 +120,8 @@ def test_max_rate_rows_are_tokens_per_second_and_cores_with_the_bound():
 
     from bench.report import bound
 
-    opts = BenchOptions(targets=TARGETS, rounds=2, scenario="max-rate", streams=128)
+    opts = BenchOptions(targets=TARGETS, rounds=2, scenario="max-rate", streams=128,
+                        max_tokens=0)  # fmt: skip
 
     def mr(tokens, window, target_cpu, load_cpu):
         return replace(
@@ -152,7 +153,51 @@ def test_max_rate_rows_are_tokens_per_second_and_cores_with_the_bound():
     table = markdown(BenchReport(opts, tuple(rows.values()), tuple(results), elapsed_s=9.0))
     assert "| passthrough | 11,000 | 0.97 | 0.43 | 89.4 | 1.00x | target |" in table
     assert "| direct | 41,000 | - | 0.98 | - | - | load |" in table
-    assert "Bodies not compared in max-rate" in table
+    assert "Bodies not compared in endless max-rate" in table
+    assert "requests/s" not in table
+    assert math.isnan(rows["passthrough"].requests_per_s)
+
+
+def test_max_rate_at_a_length_adds_requests_per_second_and_cpu_per_request():
+    from dataclasses import replace
+
+    opts = BenchOptions(targets=TARGETS, rounds=2, scenario="max-rate", streams=128,
+                        max_tokens=10)  # fmt: skip
+
+    def mr(requests, target_cpu, digest="ab"):
+        load = _load(requests * 10, math.nan, math.nan, target_cpu)
+        return replace(load, window_s=2.0, loadgen_cpu_s=0.8, transit=EMPTY,
+                       requests_completed=requests, body_sha256=digest)  # fmt: skip
+
+    results = [
+        RoundResult("direct", 0, mr(4_000, None)),
+        RoundResult("direct", 1, mr(4_200, None)),
+        RoundResult("passthrough", 0, mr(2_000, 1.9)),
+        RoundResult("passthrough", 1, mr(2_200, 1.9)),
+        RoundResult("tokenstamp", 0, mr(1_000, 1.9)),
+        RoundResult("tokenstamp", 1, mr(1_000, 1.9, digest="cd")),
+    ]
+    from bench.run import _max_rate_digests
+
+    digests = _max_rate_digests(opts, results)
+    assert digests == {"direct": "ab", "passthrough": "ab", "tokenstamp": "rounds differ"}
+    rows = {r.name: r for r in aggregate(opts, results, digests)}
+    assert rows["passthrough"].requests_per_s == 1_050
+    assert rows["passthrough"].tokens_per_s == 10_500
+    # 1.9 s of CPU over 2,000 and 2,200 requests: 950 and ~864 µs, median ~907.
+    assert rows["passthrough"].cpu_us_per_request == pytest.approx((950 + 1.9e6 / 2200) / 2)
+    assert rows["tokenstamp"].cpu_us_per_request == pytest.approx(1_900)
+    assert math.isnan(rows["direct"].cpu_us_per_request)
+    assert rows["passthrough"].identical
+    assert not rows["tokenstamp"].identical
+    table = markdown(BenchReport(opts, tuple(rows.values()), tuple(results), elapsed_s=9.0))
+    assert (
+        "| target | requests/s | tokens/s | target CPU (cores) | load CPU (cores) | "
+        "CPU µs/request | CPU µs/token |" in table
+    )
+    assert "| passthrough | 1,050 | 10,500 | 0.95 | 0.40 | 907 | 90.7 | 1.00x | target |" in table
+    assert "10 tokens per request and the next request at once" in table
+    assert "Bodies NOT byte-identical to direct's: tokenstamp." in table
 
 
 def test_memory_column_and_skipped_targets_are_reported():
