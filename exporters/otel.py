@@ -17,6 +17,8 @@ else to the SDK histogram (about 14 µs).
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from opentelemetry.metrics import Counter, Histogram, Meter, MeterProvider, UpDownCounter
 
 from exporters import names
@@ -24,6 +26,7 @@ from exporters.otel_gaps import GapHistograms
 from exporters.prometheus import request_label_values, stall_tenants, status_class
 from proxy import __version__
 from proxy.core.records import (
+    EVENTS,
     Backend,
     Phase,
     PrefillRecord,
@@ -69,7 +72,10 @@ def attributes(inst: names.Instrument, *values: str, tenants: bool = False) -> A
 
 
 class OtelMetricsSink:
-    """A ``proxy.core.records.Sink`` recording docs/metrics.md's instruments over OpenTelemetry."""
+    """A fan-out subscriber recording docs/metrics.md's instruments over OpenTelemetry."""
+
+    takes: ClassVar[tuple[str, ...]] = EVENTS
+    """Every event of the ``Sink`` (a subscriber of the fan-out)."""
 
     def __init__(
         self,
