@@ -65,6 +65,8 @@ class ErrorLog:
 
 _Call = tuple[object, Callable[..., None]]
 """A subscriber and its method for one event."""
+_MakeRecorder = Callable[[RequestLabels, str], GapRecorder]
+"""A subscriber's ``gap_recorder``."""
 
 
 def _nobody(*args: object) -> None:
@@ -119,7 +121,10 @@ class Fanout:
                 taken[event].append((sub, getattr(sub, event)))
         for event, calls in taken.items():
             setattr(self, event, self._dispatch(event, tuple(calls)))
-        self._gap_takers = tuple(taken["gap"])
+        self._gap_takers: tuple[tuple[object, Callable[..., None], _MakeRecorder | None], ...]
+        self._gap_takers = tuple(
+            (sub, gap, getattr(sub, "gap_recorder", None)) for sub, gap in taken["gap"]
+        )
 
     def _failed(self, sub: object, event: str, exc: Exception) -> None:
         self.errors.record(f"{type(sub).__name__}.{event} raised {type(exc).__name__}", exc)
@@ -157,20 +162,18 @@ class Fanout:
         returned as it is (it never raises), so a token costs one call. Otherwise each
         is called in turn, failures counted as for ``gap``.
         """
+        takers = self._gap_takers
         recorders: list[tuple[object, GapRecorder]] = []
-        own = 0  # recorders the subscribers made themselves
-        for sub, gap in self._gap_takers:
-            recorder = _via_gap(gap, labels, request_id)
-            make = getattr(sub, "gap_recorder", None)
+        for sub, gap, make in takers:
+            recorder = None
             if make is not None:
                 try:
                     recorder = make(labels, request_id)
-                    own += 1
                 except Exception as exc:
                     self._failed(sub, "gap_recorder", exc)
-            recorders.append((sub, recorder))
-        if len(recorders) == 1 and own == 1:
-            return recorders[0][1]
+            if recorder is not None and len(takers) == 1:
+                return recorder  # it never raises: a token costs one call
+            recorders.append((sub, recorder or _via_gap(gap, labels, request_id)))
         if not recorders:
             return _nobody
         failed = self._failed
