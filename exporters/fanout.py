@@ -73,7 +73,7 @@ def _nobody(*args: object) -> None:
     """An event no subscriber takes."""
 
 
-def takes(subscriber: object) -> tuple[str, ...]:
+def _events_of(subscriber: object) -> tuple[str, ...]:
     """The events ``subscriber`` takes (its ``takes``), checked: each is an event of the
     ``Sink`` and the subscriber has its method. Misuse raises ``TypeError``, naming it."""
     name = type(subscriber).__name__
@@ -117,7 +117,7 @@ class Fanout:
         """Where failures are counted and logged."""
         taken: dict[str, list[_Call]] = {event: [] for event in EVENTS}
         for sub in flat:
-            for event in takes(sub):
+            for event in _events_of(sub):
                 taken[event].append((sub, getattr(sub, event)))
         for event, calls in taken.items():
             setattr(self, event, self._dispatch(event, tuple(calls)))
