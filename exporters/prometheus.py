@@ -135,55 +135,15 @@ class _Children:
 
     A child is made where prometheus_client's ``labels()`` would have been called, at
     its first use (so no series appears before its first observation), and then kept
-    as an attribute: ``__getattr__`` runs only for one not made yet. Instruments with
-    more labels than the request's keep their children in a dictionary by those.
+    as an attribute: ``__getattr__`` runs only for a histogram's child not made yet.
+    Instruments with more labels than the request's keep their children in a
+    dictionary by those.
     """
-
-    __slots__ = (
-        "_families",
-        "acceptance",
-        "active",
-        "answer_ttft",
-        "cache_ttft",
-        "duration",
-        "gap",
-        "max_gap",
-        "queue_time",
-        "reasoning",
-        "reasoning_tokens",
-        "requests",
-        "slo",
-        "stalled_streams",
-        "stutter_cost",
-        "tokens_in",
-        "tokens_out",
-        "tokens_per_event",
-        "tool_call",
-        "tpot",
-        "ttft",
-        "values",
-    )
-
-    acceptance: HistogramChild
-    answer_ttft: HistogramChild
-    gap: HistogramChild
-    max_gap: HistogramChild
-    queue_time: HistogramChild
-    reasoning: HistogramChild
-    reasoning_tokens: HistogramChild
-    stalled_streams: HistogramChild
-    stutter_cost: Counter
-    tokens_in: HistogramChild
-    tokens_out: HistogramChild
-    tokens_per_event: HistogramChild
-    tool_call: HistogramChild
-    tpot: HistogramChild
-    ttft: HistogramChild
 
     def __init__(
         self,
         values: tuple[str, ...],
-        families: dict[str, tuple[_Family[HistogramChild] | _Family[Counter], tuple[str, ...]]],
+        families: dict[str, tuple[FastHistogram, tuple[str, ...]]],
         active: Gauge,
     ) -> None:
         self.values = values
@@ -191,6 +151,8 @@ class _Children:
         self._families = families
         self.active = active
         """The in-flight gauge (made with the label set: it moves on every request)."""
+        self.stutter_cost: Counter | None = None
+        """The stutter-cost counter, once a prefill of this label set finished."""
         self.duration: dict[object, HistogramChild] = {}
         """By error type."""
         self.cache_ttft: dict[object, HistogramChild] = {}
@@ -200,8 +162,8 @@ class _Children:
         self.slo: dict[object, Counter] = {}
         """By (met, source)."""
 
-    def __getattr__(self, name: str) -> object:
-        """The child ``name``, at its first use: made, then kept in its slot."""
+    def __getattr__(self, name: str) -> HistogramChild:
+        """The child of histogram ``name`` (a key of ``PrometheusSink._families``), made."""
         try:
             family, extra = self._families[name]
         except KeyError:
@@ -229,9 +191,7 @@ class PrometheusSink:
         """Request metrics and the stall counter carry the tenant labels."""
         t = tenants
         tokens = histogram(names.TOKEN_USAGE, registry, tenants=t)
-        self._families: dict[
-            str, tuple[_Family[HistogramChild] | _Family[Counter], tuple[str, ...]]
-        ] = {
+        self._families: dict[str, tuple[FastHistogram, tuple[str, ...]]] = {
             "ttft": (histogram(names.TTFT, registry, tenants=t), ()),
             "tpot": (histogram(names.TPOT, registry, tenants=t), ()),
             "gap": (histogram(names.GAP, registry, tenants=t), ()),
@@ -246,9 +206,10 @@ class PrometheusSink:
             "reasoning_tokens": (histogram(names.REASONING_TOKENS, registry, tenants=t), ()),
             "tool_call": (histogram(names.TOOL_CALL_TTF, registry, tenants=t), ()),
             "stalled_streams": (histogram(names.STALLED_STREAMS, registry, tenants=t), ()),
-            "stutter_cost": (counter(names.STUTTER_COST, registry, tenants=t), ()),
         }
-        """The families of ``_Children``'s attributes: family, then extra label values."""
+        """The histogram of each of ``_Children``'s made attributes, and its extra label
+        values."""
+        self._stutter_cost = counter(names.STUTTER_COST, registry, tenants=t)
         self._cache_ttft = histogram(names.PREFIX_CACHE_TTFT, registry, tenants=t)
         self._duration = histogram(names.DURATION, registry, tenants=t)
         self._requests = counter(names.REQUESTS, registry, tenants=t)
@@ -382,7 +343,10 @@ class PrometheusSink:
         """One finished prefill: streams it stalled (0 too) and its stutter cost."""
         ch = self._for(record.labels)
         ch.stalled_streams.observe(record.stalled_streams)
-        ch.stutter_cost.inc(record.stutter_cost_s)
+        cost = ch.stutter_cost
+        if cost is None:
+            cost = ch.stutter_cost = self._stutter_cost.labels(*ch.values)
+        cost.inc(record.stutter_cost_s)
 
 
 _PHASE_CHILD = {
