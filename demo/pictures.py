@@ -104,11 +104,11 @@ def replay_snapshot(
         if t.end_ns is not None:
             buf.finished(t.request_id, t.end_ns)
     for p in prefills:
-        buf.sink.prefill_done(p)
+        buf.prefill_done(p)
     for st in stalls:
-        buf.sink.stall(st)
+        buf.stall(st)
     for r in requests:
-        buf.sink.request_finished(r)
+        buf.request_finished(r)
     return buf.snapshot(end_ns)
 
 

@@ -1,9 +1,15 @@
-"""One sink in front of several: every observation reaches each exporter, none breaks traffic.
+"""The fan-out: the core's one ``Sink``, in front of the subscribers that take each event.
 
-``FanoutSink`` implements ``proxy.core.records.Sink`` by calling each sink in
-order. An exception from one sink is swallowed (the others still get the
-observation, and the caller, the token path, never sees it), counted, and
-logged through ``ErrorLog``: at most one line per interval, carrying how many
+Built once per proxy. A subscriber names the events it takes in ``takes``
+(``proxy.core.records.EVENTS``) and has only their methods, with the
+``Sink``'s signatures. Per event the fan-out holds the subscribers that take
+it, bound once: an event nobody takes is a no-op, an event one subscriber
+takes calls that subscriber's method directly (inside a ``try``), and the
+rest loop over a tuple.
+
+An exception from one subscriber is swallowed (the others still get the
+event, and the caller, the token path, never sees it), counted, and logged
+through ``ErrorLog``: at most one line per interval, carrying how many
 failures happened since the last line.
 """
 
@@ -12,20 +18,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import cast
 
 from proxy.core.ratelog import RateLimitedLog
-from proxy.core.records import (
-    Backend,
-    GapRecorder,
-    Phase,
-    PhaseSink,
-    PrefillRecord,
-    RequestLabels,
-    RequestRecord,
-    Sink,
-    StallRecord,
-)
+from proxy.core.records import EVENTS, GapRecorder, RequestLabels
 
 log = logging.getLogger("tokenstamp.telemetry")
 
@@ -68,156 +63,135 @@ class ErrorLog:
         return True
 
 
-def _via_gap(sink: Sink, labels: RequestLabels, request_id: str) -> GapRecorder:
-    """A recorder for a sink without one of its own: its ``gap`` with the request's labels."""
-
-    def record(gap_s: float) -> None:
-        sink.gap(labels, gap_s, request_id)
-
-    return record
+_Call = tuple[object, Callable[..., None]]
+"""A subscriber and its method for one event."""
+_MakeRecorder = Callable[[RequestLabels, str], GapRecorder]
+"""A subscriber's ``gap_recorder``."""
 
 
-class FanoutSink:
-    """A ``Sink`` passing every observation to each of ``sinks``, in order.
+def _nobody(*args: object) -> None:
+    """An event no subscriber takes."""
 
-    Nested fan-outs are flattened. Per gap the cost is one loop over the sinks.
+
+def _events_of(subscriber: object) -> tuple[str, ...]:
+    """The events ``subscriber`` takes (its ``takes``), checked: each is an event of the
+    ``Sink`` and the subscriber has its method. Misuse raises ``TypeError``, naming it."""
+    name = type(subscriber).__name__
+    events = getattr(subscriber, "takes", None)
+    if not isinstance(events, tuple) or not events:
+        raise TypeError(f"{name}: a subscriber names the events it takes in a tuple `takes`")
+    for event in events:
+        if event not in EVENTS:
+            raise TypeError(f"{name}.takes: {event!r} is not one of {', '.join(EVENTS)}")
+        if not callable(getattr(subscriber, event, None)):
+            raise TypeError(f"{name} takes {event!r} but has no method of that name")
+    return events
+
+
+class Fanout:
+    """The ``Sink`` of a proxy: each event calls, in order, the subscribers that take it.
+
+    Every event of ``proxy.core.records.Sink`` is an attribute holding the call
+    made for it once, at construction. Nested fan-outs are flattened.
     """
 
-    __slots__ = ("_gap_sinks", "_phase_sinks", "errors", "sinks")
+    __slots__ = (*EVENTS, "_gap_takers", "errors", "subscribers")
 
-    def __init__(self, *sinks: Sink, errors: ErrorLog | None = None) -> None:
-        flat: list[Sink] = []
-        for sink in sinks:
-            flat.extend(sink.sinks if isinstance(sink, FanoutSink) else (sink,))
-        self.sinks: tuple[Sink, ...] = tuple(flat)
-        """The sinks, called in this order."""
-        # Per token only the sinks that take gaps (see ``Sink``'s ``takes_gaps``).
-        self._gap_sinks = tuple(s for s in flat if getattr(s, "takes_gaps", True))
-        # Only the sinks that take phases (``Sink.phase`` is optional).
-        self._phase_sinks = tuple(cast(PhaseSink, s) for s in flat if hasattr(s, "phase"))
+    request_started: Callable[..., None]
+    first_token: Callable[..., None]
+    phase: Callable[..., None]
+    gap: Callable[..., None]
+    request_finished: Callable[..., None]
+    decoder_error: Callable[..., None]
+    unobserved: Callable[..., None]
+    stall: Callable[..., None]
+    prefill_done: Callable[..., None]
+
+    def __init__(self, *subscribers: object, errors: ErrorLog | None = None) -> None:
+        flat: list[object] = []
+        for sub in subscribers:
+            flat.extend(sub.subscribers if isinstance(sub, Fanout) else (sub,))
+        self.subscribers: tuple[object, ...] = tuple(flat)
+        """The subscribers, called in this order."""
         self.errors = errors if errors is not None else ErrorLog()
         """Where failures are counted and logged."""
+        taken: dict[str, list[_Call]] = {event: [] for event in EVENTS}
+        for sub in flat:
+            for event in _events_of(sub):
+                taken[event].append((sub, getattr(sub, event)))
+        for event, calls in taken.items():
+            setattr(self, event, self._dispatch(event, tuple(calls)))
+        self._gap_takers: tuple[tuple[object, Callable[..., None], _MakeRecorder | None], ...]
+        self._gap_takers = tuple(
+            (sub, gap, getattr(sub, "gap_recorder", None)) for sub, gap in taken["gap"]
+        )
 
-    def _failed(self, sink: Sink | PhaseSink, method: str, exc: Exception) -> None:
-        self.errors.record(f"{type(sink).__name__}.{method} raised {type(exc).__name__}", exc)
+    def _failed(self, sub: object, event: str, exc: Exception) -> None:
+        self.errors.record(f"{type(sub).__name__}.{event} raised {type(exc).__name__}", exc)
 
-    def request_started(self, labels: RequestLabels) -> None:
-        """Fan out ``request_started``."""
-        for sink in self.sinks:
-            try:
-                sink.request_started(labels)
-            except Exception as exc:
-                self._failed(sink, "request_started", exc)
+    def _dispatch(self, event: str, pairs: tuple[_Call, ...]) -> Callable[..., None]:
+        """What the fan-out does for ``event``: nothing, one guarded call, or a loop."""
+        failed = self._failed
+        if not pairs:
+            return _nobody
+        if len(pairs) == 1:
+            ((sub, call),) = pairs
 
-    def first_token(
-        self,
-        labels: RequestLabels,
-        ttft_s: float,
-        upstream_ttft_s: float | None,
-        request_id: str,
-        trace_id: str = "",
-    ) -> None:
-        """Fan out ``first_token``."""
-        for sink in self.sinks:
-            try:
-                sink.first_token(labels, ttft_s, upstream_ttft_s, request_id, trace_id)
-            except Exception as exc:
-                self._failed(sink, "first_token", exc)
+            def one(*args: object) -> None:
+                try:
+                    call(*args)
+                except Exception as exc:
+                    failed(sub, event, exc)
 
-    def phase(
-        self,
-        labels: RequestLabels,
-        phase: Phase,
-        seconds: float,
-        request_id: str,
-        trace_id: str = "",
-    ) -> None:
-        """Fan out ``phase`` to the sinks that take it."""
-        for sink in self._phase_sinks:
-            try:
-                sink.phase(labels, phase, seconds, request_id, trace_id)
-            except Exception as exc:
-                self._failed(sink, "phase", exc)
+            return one
 
-    def gap(self, labels: RequestLabels, gap_s: float, request_id: str, trace_id: str = "") -> None:
-        """Fan out ``gap`` (the trace id only when there is one, as the timer does)."""
-        for sink in self._gap_sinks:
-            try:
-                if trace_id:
-                    sink.gap(labels, gap_s, request_id, trace_id)
-                else:
-                    sink.gap(labels, gap_s, request_id)
-            except Exception as exc:
-                self._failed(sink, "gap", exc)
+        def each(*args: object) -> None:
+            for sub, call in pairs:
+                try:
+                    call(*args)
+                except Exception as exc:
+                    failed(sub, event, exc)
+
+        return each
 
     def gap_recorder(self, labels: RequestLabels, request_id: str) -> GapRecorder:
-        """One request's gaps to every gap-taking sink: a sink's own recorder when it has one.
+        """One request's gaps to every subscriber taking them: its own recorder when it has
+        one (``Sink``), else its ``gap`` with the request's labels.
 
-        With a single gap-taking sink whose recorder exists, that recorder is
-        returned as it is (it never raises: ``Sink.gap_recorder``), so a token
-        costs one call. Otherwise each sink is called in turn, failures counted
-        as for ``gap``.
+        With a single gap-taking subscriber whose recorder exists, that recorder is
+        returned as it is (it never raises), so a token costs one call. Otherwise each
+        is called in turn, failures counted as for ``gap``.
         """
-        recorders: list[tuple[Sink, GapRecorder]] = []
-        own = 0  # recorders the sinks made themselves
-        for sink in self._gap_sinks:
-            recorder = _via_gap(sink, labels, request_id)
-            make = getattr(sink, "gap_recorder", None)
+        takers = self._gap_takers
+        recorders: list[tuple[object, GapRecorder]] = []
+        for sub, gap, make in takers:
+            recorder = None
             if make is not None:
                 try:
                     recorder = make(labels, request_id)
-                    own += 1
                 except Exception as exc:
-                    self._failed(sink, "gap_recorder", exc)
-            recorders.append((sink, recorder))
-        if len(recorders) == 1 and own == 1:
-            return recorders[0][1]
+                    self._failed(sub, "gap_recorder", exc)
+            if recorder is not None and len(takers) == 1:
+                return recorder  # it never raises: a token costs one call
+            recorders.append((sub, recorder or _via_gap(gap, labels, request_id)))
+        if not recorders:
+            return _nobody
+        failed = self._failed
 
         def record(gap_s: float) -> None:
-            for sink, rec in recorders:
+            for sub, rec in recorders:
                 try:
                     rec(gap_s)
                 except Exception as exc:
-                    self._failed(sink, "gap", exc)
+                    failed(sub, "gap", exc)
 
         return record
 
-    def request_finished(self, record: RequestRecord) -> None:
-        """Fan out ``request_finished``."""
-        for sink in self.sinks:
-            try:
-                sink.request_finished(record)
-            except Exception as exc:
-                self._failed(sink, "request_finished", exc)
 
-    def decoder_error(self, backend: Backend, kind: str) -> None:
-        """Fan out ``decoder_error``."""
-        for sink in self.sinks:
-            try:
-                sink.decoder_error(backend, kind)
-            except Exception as exc:
-                self._failed(sink, "decoder_error", exc)
+def _via_gap(gap: Callable[..., None], labels: RequestLabels, request_id: str) -> GapRecorder:
+    """A recorder for a subscriber without one of its own: its ``gap`` with the request's labels."""
 
-    def unobserved(self, backend: Backend, reason: str) -> None:
-        """Fan out ``unobserved``."""
-        for sink in self.sinks:
-            try:
-                sink.unobserved(backend, reason)
-            except Exception as exc:
-                self._failed(sink, "unobserved", exc)
+    def record(gap_s: float) -> None:
+        gap(labels, gap_s, request_id)
 
-    def stall(self, record: StallRecord) -> None:
-        """Fan out ``stall``."""
-        for sink in self.sinks:
-            try:
-                sink.stall(record)
-            except Exception as exc:
-                self._failed(sink, "stall", exc)
-
-    def prefill_done(self, record: PrefillRecord) -> None:
-        """Fan out ``prefill_done``."""
-        for sink in self.sinks:
-            try:
-                sink.prefill_done(record)
-            except Exception as exc:
-                self._failed(sink, "prefill_done", exc)
+    return record

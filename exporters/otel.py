@@ -9,13 +9,16 @@ paths agree series for series.
 
 Only the OpenTelemetry API is used here: the provider (SDK, readers, OTLP
 exporters) is built and owned by ``exporters.otel_setup``, or injected by a
-test. Attribute dicts of a request label set are built once and cached. The
+test. The attribute dicts of a request label set are built once and kept in
+one object, so a request's end builds none. The
 inter-token gap, the one observation per token, goes to ``GapHistograms``
 (about 1 µs) when the provider's reader bridges it (``exporters.otel_gaps``),
 else to the SDK histogram (about 14 µs).
 """
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 from opentelemetry.metrics import Counter, Histogram, Meter, MeterProvider, UpDownCounter
 
@@ -24,6 +27,7 @@ from exporters.otel_gaps import GapHistograms
 from exporters.prometheus import request_label_values, stall_tenants, status_class
 from proxy import __version__
 from proxy.core.records import (
+    EVENTS,
     Backend,
     Phase,
     PrefillRecord,
@@ -68,8 +72,49 @@ def attributes(inst: names.Instrument, *values: str, tenants: bool = False) -> A
     return dict(zip(keys, values, strict=True))
 
 
+def _by_extra(
+    cache: dict[object, Attributes],
+    key: object,
+    inst: names.Instrument,
+    values: tuple[str, ...],
+    tenants: bool,
+    *extra: str,
+) -> Attributes:
+    """``inst``'s attributes of ``values`` + ``extra`` (kept in ``cache`` by ``key``)."""
+    attrs = cache.get(key)
+    if attrs is None:
+        attrs = cache[key] = attributes(inst, *values, *extra, tenants=tenants)
+    return attrs
+
+
+class _RequestAttributes:
+    """The attribute dicts of one request label set, each built once: none per request."""
+
+    __slots__ = ("base", "cache_ttft", "duration", "requests", "slo", "tokens_in", "tokens_out",
+                 "values")  # fmt: skip
+
+    def __init__(self, values: tuple[str, ...], tenants: bool) -> None:
+        self.values = values
+        """Values of the request labels in order (``request_label_values``)."""
+        self.base = attributes(names.STREAMS_ACTIVE, *values, tenants=tenants)
+        """The request attributes alone."""
+        self.tokens_in = attributes(names.TOKEN_USAGE, *values, "input", tenants=tenants)
+        self.tokens_out = attributes(names.TOKEN_USAGE, *values, "output", tenants=tenants)
+        self.duration: dict[object, Attributes] = {}
+        """By error type."""
+        self.cache_ttft: dict[object, Attributes] = {}
+        """By prefix-cache state."""
+        self.requests: dict[object, Attributes] = {}
+        """By (outcome, status code, error type)."""
+        self.slo: dict[object, Attributes] = {}
+        """By (met, source)."""
+
+
 class OtelMetricsSink:
-    """A ``proxy.core.records.Sink`` recording docs/metrics.md's instruments over OpenTelemetry."""
+    """A fan-out subscriber recording docs/metrics.md's instruments over OpenTelemetry."""
+
+    takes: ClassVar[tuple[str, ...]] = EVENTS
+    """Every event of the ``Sink`` (a subscriber of the fan-out)."""
 
     def __init__(
         self,
@@ -120,16 +165,19 @@ class OtelMetricsSink:
         self._stalled_streams = histogram(meter, names.STALLED_STREAMS)
         self._stalls = counter(meter, names.STALLS)
         self._stutter_cost = counter(meter, names.STUTTER_COST)
-        self._request_attrs: dict[RequestLabels, Attributes] = {}
+        self._request_attrs: dict[RequestLabels, _RequestAttributes] = {}
 
-    def _attrs(self, labels: RequestLabels) -> Attributes:
-        """The request attributes of ``labels`` (cached; labels are bounded by the proxy)."""
+    def _for(self, labels: RequestLabels) -> _RequestAttributes:
+        """The attributes of ``labels`` (cached; labels are bounded by the proxy)."""
         attrs = self._request_attrs.get(labels)
         if attrs is None:
             values = request_label_values(labels, self.tenants)
-            attrs = attributes(names.STREAMS_ACTIVE, *values, tenants=self.tenants)
-            self._request_attrs[labels] = attrs
+            attrs = self._request_attrs[labels] = _RequestAttributes(values, self.tenants)
         return attrs
+
+    def _attrs(self, labels: RequestLabels) -> Attributes:
+        """The request attributes of ``labels``."""
+        return self._for(labels).base
 
     def request_started(self, labels: RequestLabels) -> None:
         """Active streams up."""
@@ -167,32 +215,31 @@ class OtelMetricsSink:
 
     def request_finished(self, record: RequestRecord) -> None:
         """Everything observed once per request (as ``PrometheusSink.request_finished``)."""
-        labels = record.labels
-        base = self._attrs(labels)
+        ra = self._for(record.labels)
+        base = ra.base
         self._active.add(-1, base)
         t = self.tenants
-        values = request_label_values(labels, t)
+        values = ra.values
         err = record.error_type
-        self._duration.record(
-            record.duration_s, attributes(names.DURATION, *values, err, tenants=t)
-        )
-        outcome = record.outcome.value
-        status = status_class(record.status_code)
-        self._requests.add(1, attributes(names.REQUESTS, *values, outcome, status, err, tenants=t))
+        duration = _by_extra(ra.duration, err, names.DURATION, values, t, err)
+        self._duration.record(record.duration_s, duration)
+        outcome, code = record.outcome, record.status_code
+        requests = ra.requests.get((outcome, code, err))
+        if requests is None:
+            requests = ra.requests[outcome, code, err] = attributes(
+                names.REQUESTS, *values, outcome.value, status_class(code), err, tenants=t
+            )
+        self._requests.add(1, requests)
         if record.prompt_tokens is not None:
-            self._tokens.record(
-                record.prompt_tokens, attributes(names.TOKEN_USAGE, *values, "input", tenants=t)
-            )
+            self._tokens.record(record.prompt_tokens, ra.tokens_in)
         if record.completion_tokens is not None:
-            self._tokens.record(
-                record.completion_tokens,
-                attributes(names.TOKEN_USAGE, *values, "output", tenants=t),
-            )
+            self._tokens.record(record.completion_tokens, ra.tokens_out)
         if not record.streamed:
             return
         ttft = record.ttft_s
         if ttft is not None:
-            cache = attributes(names.PREFIX_CACHE_TTFT, *values, record.prefix_cache, tenants=t)
+            prefix = record.prefix_cache
+            cache = _by_extra(ra.cache_ttft, prefix, names.PREFIX_CACHE_TTFT, values, t, prefix)
             self._cache_ttft.record(ttft, cache)
         queue = record.queue_time_s
         if queue is not None:
@@ -211,8 +258,8 @@ class OtelMetricsSink:
         for gap in record.stream_max_gaps_s:
             self._max_gap.record(gap, base)
         met, source = record.slo_judged(self.slo_ttft_s, self.slo_tpot_s, self.slo_answer_ttft_s)
-        slo = attributes(names.SLO_REQUESTS, *values, "met" if met else "missed", source.value,
-                         tenants=t)  # fmt: skip
+        verdict = "met" if met else "missed"
+        slo = _by_extra(ra.slo, (met, source), names.SLO_REQUESTS, values, t, verdict, source.value)
         self._slo.add(1, slo)
 
     def decoder_error(self, backend: Backend, kind: str) -> None:

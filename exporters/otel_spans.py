@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanContext, SpanKind, StatusCode, TracerProvider
@@ -31,7 +31,6 @@ from exporters import names
 from exporters.otel_content import input_messages
 from proxy import __version__
 from proxy.core.records import (
-    Backend,
     BackendTimings,
     Outcome,
     PrefillRecord,
@@ -260,7 +259,11 @@ def backend_attributes(timings: BackendTimings) -> dict[str, Any]:
 
 
 class SpanRecorder:
-    """Starts, completes and ends request spans; takes stall records as a ``Sink``."""
+    """Starts, completes and ends request spans; a subscriber of the fan-out for stall
+    and prefill records (its spans start and end through ``start`` and ``finish``)."""
+
+    takes: ClassVar[tuple[str, ...]] = ("stall", "prefill_done")
+    """The ``Sink`` events it takes: the backend view's records, nothing per token."""
 
     def __init__(
         self,
@@ -379,7 +382,7 @@ class SpanRecorder:
         rs = self._open.get(request_id)
         return rs.span.get_span_context() if rs is not None else self._recent.get(request_id)
 
-    # -- Sink: the backend view's records -------------------------------------------
+    # -- subscriber: the backend view's records -------------------------------------------
 
     def stall(self, record: StallRecord) -> None:
         """A stall of an open or lingering stream: an event, and links to its culprits."""
@@ -421,28 +424,3 @@ class SpanRecorder:
         }
         rs.span.set_attributes(attrs)
         rs.span.add_event(STUTTER_EVENT, attrs, timestamp=rs.wall_ns(record.first_token_ns))
-
-    def request_started(self, labels: RequestLabels) -> None:
-        """Nothing: spans start through ``start``."""
-
-    def first_token(
-        self,
-        labels: RequestLabels,
-        ttft_s: float,
-        upstream_ttft_s: float | None,
-        request_id: str,
-        trace_id: str = "",
-    ) -> None:
-        """Nothing: the first-token event is added from the record, with the others."""
-
-    def gap(self, labels: RequestLabels, gap_s: float, request_id: str, trace_id: str = "") -> None:
-        """Nothing: no span work per token."""
-
-    def request_finished(self, record: RequestRecord) -> None:
-        """Nothing: spans end through ``finish``."""
-
-    def decoder_error(self, backend: Backend, kind: str) -> None:
-        """Nothing."""
-
-    def unobserved(self, backend: Backend, reason: str) -> None:
-        """Nothing."""

@@ -1,8 +1,9 @@
 """Prometheus exporter: turns timer records into the docs/metrics.md instruments.
 
-Writes into an injected ``CollectorRegistry`` (never the global one). Label
-children are resolved once per distinct label set and cached, so a gap costs
-one dictionary lookup and one histogram observation. The labels are already
+Writes into an injected ``CollectorRegistry`` (never the global one). The
+children of every instrument are kept per distinct request label set, in one
+object: an event costs one dictionary lookup (the label set's), then attribute
+reads, and a gap one histogram observation. The labels are already
 bounded by the proxy (see ``exporters.labels``), so the cache is bounded too.
 
 TTFT is observed live, when the first output event arrives (``first_token``);
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable
-from typing import Protocol, TypeVar
+from typing import ClassVar, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -28,6 +29,7 @@ from exporters.fast_histogram import FastHistogram, HistogramChild
 from proxy.core.backend_fit import BackendFitRecord
 from proxy.core.labels import UNKNOWN
 from proxy.core.records import (
+    EVENTS,
     Backend,
     GapRecorder,
     Phase,
@@ -100,59 +102,86 @@ def status_class(code: int) -> str:
     return f"{code // 100}xx" if 100 <= code <= 599 else "none"
 
 
-_Child = TypeVar("_Child")
+_Extra = TypeVar("_Extra", HistogramChild, Counter)
 _Child_co = TypeVar("_Child_co", covariant=True)
 
 
+def _by_extra(
+    children: dict[object, _Extra],
+    key: object,
+    family: _Family[_Extra],
+    values: tuple[str, ...],
+    *extra: str,
+) -> _Extra:
+    """The child of ``values`` + ``extra`` (found in ``children`` by ``key``), made at its
+    first use."""
+    child = children.get(key)
+    if child is None:
+        child = children[key] = family.labels(*values, *extra)
+    return child
+
+
 class _Family(Protocol[_Child_co]):
-    """A labelled metric family: ``FastHistogram`` or a prometheus_client metric."""
+    """A labelled metric family: ``FastHistogram`` or a prometheus_client ``Counter``."""
 
     def labels(self, *values: str) -> _Child_co:
         """The child of these label values."""
         ...
 
 
-def _child(
-    cache: dict[tuple[object, ...], _Child],
-    family: _Family[_Child],
-    values: tuple[str, ...],
-    extra: tuple[str, ...],
-) -> _Child:
-    """``family``'s child of ``values`` + ``extra``, made at its first use, then from ``cache``."""
-    key = (family, *extra)
-    child = cache.get(key)
-    if child is None:
-        child = cache[key] = family.labels(*values, *extra)
-    return child
-
-
 class _Children:
-    """Label children of one request label set, each made at its first use.
+    """One request label set's child of every instrument: one lookup per event, not one per
+    instrument.
 
-    A child is made where prometheus_client's ``labels()`` would have been
-    called (so no series appears before its first observation), then kept:
-    per request the sink does dictionary lookups, not ``labels()`` calls.
+    A child is made where prometheus_client's ``labels()`` would have been called, at
+    its first use (so no series appears before its first observation), and then kept
+    as an attribute: ``__getattr__`` runs only for a histogram's child not made yet.
+    Instruments with more labels than the request's keep their children in a
+    dictionary by those.
     """
 
-    __slots__ = ("active", "counters", "gap", "hists", "values")
-
-    def __init__(self, values: tuple[str, ...], gap: HistogramChild, active: Gauge) -> None:
+    def __init__(
+        self,
+        values: tuple[str, ...],
+        families: dict[str, tuple[FastHistogram, tuple[str, ...]]],
+        active: Gauge,
+    ) -> None:
         self.values = values
         """Values of the request labels in order (``request_label_values``)."""
-        self.gap = gap
+        self._families = families
         self.active = active
-        self.hists: dict[tuple[object, ...], HistogramChild] = {}
-        """By (family, extra label values)."""
-        self.counters: dict[tuple[object, ...], Counter] = {}
-        """By (family, extra label values)."""
+        """The in-flight gauge (made with the label set: it moves on every request)."""
+        self.stutter_cost: Counter | None = None
+        """The stutter-cost counter, once a prefill of this label set finished."""
+        self.duration: dict[object, HistogramChild] = {}
+        """By error type."""
+        self.cache_ttft: dict[object, HistogramChild] = {}
+        """By prefix-cache state."""
+        self.requests: dict[object, Counter] = {}
+        """By (outcome, status code, error type)."""
+        self.slo: dict[object, Counter] = {}
+        """By (met, source)."""
+
+    def __getattr__(self, name: str) -> HistogramChild:
+        """The child of histogram ``name`` (a key of ``PrometheusSink._families``), made."""
+        try:
+            family, extra = self._families[name]
+        except KeyError:
+            raise AttributeError(name) from None
+        child = family.labels(*self.values, *extra)
+        setattr(self, name, child)
+        return child
 
 
 class PrometheusSink:
-    """A ``proxy.core.records.Sink`` writing Prometheus metrics into ``registry``.
+    """A fan-out subscriber writing Prometheus metrics into ``registry``.
 
     Every histogram is a ``FastHistogram`` (lock-free, same exposition, no
     ``_created`` series): the proxy observes from its one event-loop thread.
     """
+
+    takes: ClassVar[tuple[str, ...]] = EVENTS
+    """Every event of the ``Sink`` (a subscriber of the fan-out)."""
 
     def __init__(self, registry: CollectorRegistry, *, tenants: bool = False) -> None:
         """Metrics in ``registry``; ``tenants``: with the tenant labels (``--tenant-header``)."""
@@ -161,34 +190,35 @@ class PrometheusSink:
         self.tenants = tenants
         """Request metrics and the stall counter carry the tenant labels."""
         t = tenants
-        self._ttft = histogram(names.TTFT, registry, tenants=t)
-        self._cache_ttft = histogram(names.PREFIX_CACHE_TTFT, registry, tenants=t)
-        self._tpot = histogram(names.TPOT, registry, tenants=t)
-        self._gap = histogram(names.GAP, registry, tenants=t)
-        self._duration = histogram(names.DURATION, registry, tenants=t)
-        self._tokens = histogram(names.TOKEN_USAGE, registry, tenants=t)
-        self._max_gap = histogram(names.MAX_GAP, registry, tenants=t)
-        self._queue_time = histogram(names.QUEUE_TIME, registry, tenants=t)
-        self._tokens_per_event = histogram(names.TOKENS_PER_EVENT, registry, tenants=t)
-        self._acceptance = histogram(names.ACCEPTANCE_LENGTH, registry, tenants=t)
-        self._answer_ttft = histogram(names.ANSWER_TTFT, registry, tenants=t)
-        self._reasoning = histogram(names.REASONING_DURATION, registry, tenants=t)
-        self._reasoning_tokens = histogram(names.REASONING_TOKENS, registry, tenants=t)
-        self._tool_call = histogram(names.TOOL_CALL_TTF, registry, tenants=t)
-        self._phases = {
-            Phase.ANSWER: self._answer_ttft,
-            Phase.REASONING: self._reasoning,
-            Phase.TOOL_CALL: self._tool_call,
+        tokens = histogram(names.TOKEN_USAGE, registry, tenants=t)
+        self._families: dict[str, tuple[FastHistogram, tuple[str, ...]]] = {
+            "ttft": (histogram(names.TTFT, registry, tenants=t), ()),
+            "tpot": (histogram(names.TPOT, registry, tenants=t), ()),
+            "gap": (histogram(names.GAP, registry, tenants=t), ()),
+            "tokens_in": (tokens, ("input",)),
+            "tokens_out": (tokens, ("output",)),
+            "max_gap": (histogram(names.MAX_GAP, registry, tenants=t), ()),
+            "queue_time": (histogram(names.QUEUE_TIME, registry, tenants=t), ()),
+            "tokens_per_event": (histogram(names.TOKENS_PER_EVENT, registry, tenants=t), ()),
+            "acceptance": (histogram(names.ACCEPTANCE_LENGTH, registry, tenants=t), ()),
+            "answer_ttft": (histogram(names.ANSWER_TTFT, registry, tenants=t), ()),
+            "reasoning": (histogram(names.REASONING_DURATION, registry, tenants=t), ()),
+            "reasoning_tokens": (histogram(names.REASONING_TOKENS, registry, tenants=t), ()),
+            "tool_call": (histogram(names.TOOL_CALL_TTF, registry, tenants=t), ()),
+            "stalled_streams": (histogram(names.STALLED_STREAMS, registry, tenants=t), ()),
         }
+        """The histogram of each of ``_Children``'s made attributes, and its extra label
+        values."""
+        self._stutter_cost = counter(names.STUTTER_COST, registry, tenants=t)
+        self._cache_ttft = histogram(names.PREFIX_CACHE_TTFT, registry, tenants=t)
+        self._duration = histogram(names.DURATION, registry, tenants=t)
         self._requests = counter(names.REQUESTS, registry, tenants=t)
         self._slo = counter(names.SLO_REQUESTS, registry, tenants=t)
         self._decoder_errors = counter(names.DECODER_ERRORS, registry)
         self._unobserved = counter(names.UNOBSERVED, registry)
         self._active = gauge(names.STREAMS_ACTIVE, registry, tenants=t)
         self._stall_duration = histogram(names.STALL_DURATION, registry)
-        self._stalled_streams = histogram(names.STALLED_STREAMS, registry, tenants=t)
         self._stalls = counter(names.STALLS, registry, tenants=t)
-        self._stutter_cost = counter(names.STUTTER_COST, registry, tenants=t)
         self._children: dict[RequestLabels, _Children] = {}
         self.slo_ttft_s = float("inf")
         """TTFT target for ``tokenstamp_requests_slo_total``."""
@@ -201,17 +231,9 @@ class PrometheusSink:
         ch = self._children.get(labels)
         if ch is None:
             values = request_label_values(labels, self.tenants)
-            ch = _Children(values, self._gap.labels(*values), self._active.labels(*values))
+            ch = _Children(values, self._families, self._active.labels(*values))
             self._children[labels] = ch
         return ch
-
-    @staticmethod
-    def _hist(ch: _Children, family: FastHistogram, *extra: str) -> HistogramChild:
-        return _child(ch.hists, family, ch.values, extra)
-
-    @staticmethod
-    def _count(ch: _Children, family: Counter, *extra: str) -> Counter:
-        return _child(ch.counters, family, ch.values, extra)
 
     def request_started(self, labels: RequestLabels) -> None:
         """In-flight gauge up."""
@@ -226,8 +248,7 @@ class PrometheusSink:
         trace_id: str = "",
     ) -> None:
         """The live TTFT (with an exemplar when ``trace_id`` is given)."""
-        child = self._hist(self._for(labels), self._ttft)
-        child.observe(ttft_s, {"trace_id": trace_id} if trace_id else None)
+        self._for(labels).ttft.observe(ttft_s, {"trace_id": trace_id} if trace_id else None)
 
     def phase(
         self,
@@ -238,7 +259,7 @@ class PrometheusSink:
         trace_id: str = "",
     ) -> None:
         """A phase closed live: time to first answer or tool call, or reasoning's duration."""
-        child = self._hist(self._for(labels), self._phases[phase])
+        child: HistogramChild = getattr(self._for(labels), _PHASE_CHILD[phase])
         child.observe(seconds, {"trace_id": trace_id} if trace_id else None)
 
     def gap(self, labels: RequestLabels, gap_s: float, request_id: str, trace_id: str = "") -> None:
@@ -256,43 +277,49 @@ class PrometheusSink:
         """Everything observed once per request, at its end (TTFT came live; here by cache)."""
         ch = self._for(record.labels)
         ch.active.dec()
-        hist = self._hist
+        values = ch.values
         err = record.error_type
-        hist(ch, self._duration, err).observe(record.duration_s)
-        self._count(
-            ch, self._requests, record.outcome.value, status_class(record.status_code), err
-        ).inc()
+        _by_extra(ch.duration, err, self._duration, values, err).observe(record.duration_s)
+        outcome, code = record.outcome, record.status_code
+        requests = ch.requests.get((outcome, code, err))
+        if requests is None:
+            requests = ch.requests[outcome, code, err] = self._requests.labels(
+                *values, outcome.value, status_class(code), err
+            )
+        requests.inc()
         if record.prompt_tokens is not None:
-            hist(ch, self._tokens, "input").observe(record.prompt_tokens)
+            ch.tokens_in.observe(record.prompt_tokens)
         if record.completion_tokens is not None:
-            hist(ch, self._tokens, "output").observe(record.completion_tokens)
+            ch.tokens_out.observe(record.completion_tokens)
         if not record.streamed:
             return
         ttft = record.ttft_s
         if ttft is not None:
-            hist(ch, self._cache_ttft, record.prefix_cache).observe(ttft)
+            cache = record.prefix_cache
+            _by_extra(ch.cache_ttft, cache, self._cache_ttft, values, cache).observe(ttft)
         queue = record.queue_time_s
         if queue is not None:
-            hist(ch, self._queue_time).observe(queue)
+            ch.queue_time.observe(queue)
         per_event = record.tokens_per_event
         if per_event is not None:
-            hist(ch, self._tokens_per_event).observe(per_event)
+            ch.tokens_per_event.observe(per_event)
         timings = record.backend_timings
         if timings is not None and timings.acceptance_length is not None:
-            hist(ch, self._acceptance).observe(timings.acceptance_length)
+            ch.acceptance.observe(timings.acceptance_length)
         reasoning = record.reasoning_tokens
         if reasoning is not None:
-            hist(ch, self._reasoning_tokens).observe(reasoning)
+            ch.reasoning_tokens.observe(reasoning)
         for tpot in record.stream_tpots_s:
-            hist(ch, self._tpot).observe(tpot)
+            ch.tpot.observe(tpot)
         worst = record.stream_max_gaps_s
         if worst:
-            max_gap = hist(ch, self._max_gap)
+            max_gap = ch.max_gap
             exemplar = {"trace_id": record.trace_id} if record.trace_id else None
             for gap in worst:  # the exemplar on the request's worst
                 max_gap.observe(gap, exemplar if gap == record.max_gap_s else None)
         met, source = record.slo_judged(self.slo_ttft_s, self.slo_tpot_s, self.slo_answer_ttft_s)
-        self._count(ch, self._slo, "met" if met else "missed", source.value).inc()
+        verdict = "met" if met else "missed"
+        _by_extra(ch.slo, (met, source), self._slo, values, verdict, source.value).inc()
 
     def decoder_error(self, backend: Backend, kind: str) -> None:
         """One undecodable upstream event."""
@@ -315,8 +342,19 @@ class PrometheusSink:
     def prefill_done(self, record: PrefillRecord) -> None:
         """One finished prefill: streams it stalled (0 too) and its stutter cost."""
         ch = self._for(record.labels)
-        self._hist(ch, self._stalled_streams).observe(record.stalled_streams)
-        self._count(ch, self._stutter_cost).inc(record.stutter_cost_s)
+        ch.stalled_streams.observe(record.stalled_streams)
+        cost = ch.stutter_cost
+        if cost is None:
+            cost = ch.stutter_cost = self._stutter_cost.labels(*ch.values)
+        cost.inc(record.stutter_cost_s)
+
+
+_PHASE_CHILD = {
+    Phase.ANSWER: "answer_ttft",
+    Phase.REASONING: "reasoning",
+    Phase.TOOL_CALL: "tool_call",
+}
+"""The ``_Children`` attribute of each phase's histogram."""
 
 
 class BackendFitGauges:

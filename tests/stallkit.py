@@ -23,6 +23,7 @@ import aiohttp
 from exporters.prometheus import PrometheusSink
 from proxy.config import HostPort, ProxyConfig
 from proxy.core.records import (
+    EVENTS,
     Backend,
     PrefillRecord,
     RequestLabels,
@@ -55,7 +56,9 @@ class StallRecorder:
 
 
 class RecordingSink:
-    """A ``Sink`` that keeps every record and forwards to Prometheus."""
+    """A fan-out subscriber that keeps every record and forwards to Prometheus."""
+
+    takes = tuple(e for e in EVENTS if e != "phase")
 
     def __init__(self, inner: PrometheusSink) -> None:
         self.inner = inner

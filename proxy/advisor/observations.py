@@ -31,7 +31,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import ClassVar
 
-from proxy.core.records import Backend, PrefillRecord, RequestLabels, RequestRecord, StallRecord
+from proxy.core.records import Backend, PrefillRecord, RequestRecord, StallRecord
 
 MARGIN_NS = 60_000_000
 """A busy period keeps collecting gaps this long after its last first token (ns):
@@ -162,7 +162,11 @@ class _Period:
 
 
 class AdvisorObservations:
-    """A ``StreamWatcher`` and ``Sink`` of one backend keeping the advisor's evidence."""
+    """A ``StreamWatcher`` and fan-out subscriber of one backend keeping the advisor's evidence."""
+
+    takes: ClassVar[tuple[str, ...]] = ("request_finished", "stall", "prefill_done")
+    """The ``Sink`` events it takes (prompt sizes, stalls); its ``first_token`` and ``gap``
+    are the watcher's, which carry the stamps."""
 
     def __init__(self, backend: Backend) -> None:
         """Nothing observed yet."""
@@ -241,7 +245,7 @@ class AdvisorObservations:
         self._active.pop(request_id, None)
         self._close(request_id, end_ns, produced=False)
 
-    # -- records (through ``ObservationSink``) ------------------------------------------
+    # -- records (a subscriber of the fan-out) ----------------------------------------------
 
     def request_finished(self, record: RequestRecord) -> None:
         """The backend's prompt count (minus cached tokens) of a streamed request."""
@@ -359,49 +363,3 @@ class AdvisorObservations:
         self._windows.append(
             WindowObservation(request_id, tf, t1, decoding_at_start, tuple(references))
         )
-
-
-class ObservationSink:
-    """The ``Sink`` side of ``AdvisorObservations``: prompt sizes and stalls, nothing per token."""
-
-    __slots__ = ("observations",)
-    takes_gaps: ClassVar[bool] = False
-    """Gaps come through the watcher face: fan-outs skip this sink per token."""
-
-    def __init__(self, observations: AdvisorObservations) -> None:
-        self.observations = observations
-        """Where the records go."""
-
-    def request_started(self, labels: RequestLabels) -> None:
-        """Not used."""
-
-    def first_token(
-        self,
-        labels: RequestLabels,
-        ttft_s: float,
-        upstream_ttft_s: float | None,
-        request_id: str,
-        trace_id: str = "",
-    ) -> None:
-        """Not used (the watcher's ``first_token`` carries the stamp)."""
-
-    def gap(self, labels: RequestLabels, gap_s: float, request_id: str, trace_id: str = "") -> None:
-        """Not used (the watcher's ``gap`` carries the stamps)."""
-
-    def request_finished(self, record: RequestRecord) -> None:
-        """Its prompt size."""
-        self.observations.request_finished(record)
-
-    def decoder_error(self, backend: Backend, kind: str) -> None:
-        """Not used."""
-
-    def unobserved(self, backend: Backend, reason: str) -> None:
-        """Not used."""
-
-    def stall(self, record: StallRecord) -> None:
-        """Counted."""
-        self.observations.stall(record)
-
-    def prefill_done(self, record: PrefillRecord) -> None:
-        """The prompt size estimate."""
-        self.observations.prefill_done(record)

@@ -490,18 +490,20 @@ GapRecorder = Callable[[float], None]
 
 
 class Sink(Protocol):
-    """Where the core reports. One call site per observation; exporters implement it.
+    """Where the core reports: one method per event (``EVENTS``), one call site each.
 
-    Implementations must be cheap and must not raise into the caller's path
-    more than they can help: the proxy wraps calls, but a slow sink slows tokens.
-    A sink whose ``gap`` does nothing says so with a class attribute
-    ``takes_gaps = False``: a fan-out then skips it on every token.
+    The core calls a fan-out (``exporters.fanout.Fanout``), which has every
+    method. Behind it, each subscriber (an exporter, the advisor, the timeline)
+    names the events it takes in a class attribute ``takes`` (a tuple of
+    ``EVENTS`` names) and has, for each, the method of that name with the
+    signature written here; it has nothing for the others. The fan-out calls
+    each subscriber for what it takes, and catches what it raises.
 
-    A sink may also offer ``gap_recorder(labels, request_id)``: a callable taking
-    one gap in seconds, made once per request, which the timer calls for every
-    gap that carries no exemplar instead of ``gap`` (no label lookup, no fan-out
-    per token). It must record exactly what ``gap`` would and must never raise
-    (see ``GapRecorder``).
+    A subscriber taking ``gap`` may also offer ``gap_recorder(labels, request_id)``:
+    a callable taking one gap in seconds, made once per request, which the timer
+    calls for every gap that carries no exemplar instead of ``gap`` (no label
+    lookup, no fan-out per token). It must record exactly what ``gap`` would and
+    must never raise (see ``GapRecorder``).
     """
 
     def request_started(self, labels: RequestLabels) -> None:
@@ -522,6 +524,20 @@ class Sink(Protocol):
         is sampled (the TTFT carries it as an exemplar). The record at the end carries
         the same stamps; a sink must not count TTFT a second time from it."""
 
+    def phase(
+        self,
+        labels: RequestLabels,
+        phase: Phase,
+        seconds: float,
+        request_id: str,
+        trace_id: str = "",
+    ) -> None:
+        """A phase of a stream closed, observed live once per request and phase (see
+        ``Phase``): the time to the first answer event and to the first tool call, and
+        reasoning's duration (at the first answer event, or at the end of a request that
+        only reasoned). ``trace_id`` as for ``first_token``. The record at the end
+        carries the same stamps: a sink must not count these a second time from it."""
+
     def gap(self, labels: RequestLabels, gap_s: float, request_id: str, trace_id: str = "") -> None:
         """One inter-token gap of a stream.
 
@@ -530,7 +546,8 @@ class Sink(Protocol):
         when non-empty, so a sink may omit the parameter while tracing is off."""
 
     def request_finished(self, record: RequestRecord) -> None:
-        """A request ended, any outcome (in-flight gauge down)."""
+        """A request ended, any outcome (in-flight gauge down): everything measured about
+        it, in one record."""
 
     def decoder_error(self, backend: Backend, kind: str) -> None:
         """An upstream event could not be decoded."""
@@ -545,19 +562,15 @@ class Sink(Protocol):
         """A request's prefill completed and the stalls it caused are all counted."""
 
 
-class PhaseSink(Protocol):
-    """What a ``Sink`` may also take (a sink without ``phase`` is not called for it)."""
-
-    def phase(
-        self,
-        labels: RequestLabels,
-        phase: Phase,
-        seconds: float,
-        request_id: str,
-        trace_id: str = "",
-    ) -> None:
-        """A phase of a stream closed, observed live once per request and phase (see
-        ``Phase``): the time to the first answer event and to the first tool call, and
-        reasoning's duration (at the first answer event, or at the end of a request that
-        only reasoned). ``trace_id`` as for ``Sink.first_token``. The record at the end
-        carries the same stamps: a sink must not count these a second time from it."""
+EVENTS = (
+    "request_started",
+    "first_token",
+    "phase",
+    "gap",
+    "request_finished",
+    "decoder_error",
+    "unobserved",
+    "stall",
+    "prefill_done",
+)
+"""The ``Sink``'s events: what a subscriber's ``takes`` may name."""

@@ -23,7 +23,7 @@ from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 
-from exporters.fanout import FanoutSink
+from exporters.fanout import Fanout
 from exporters.otel import OtelMetricsSink
 from exporters.otel_edge import observe_body_budget, observe_tenant_overflow
 from exporters.otel_fit import OtelBackendFitGauges
@@ -36,7 +36,7 @@ from exporters.prometheus import (
     TenantOverflowMetrics,
 )
 from proxy import hot_path_build
-from proxy.advisor.observations import AdvisorObservations, ObservationSink
+from proxy.advisor.observations import AdvisorObservations
 from proxy.advisor.web import Advisor, advice_routes
 from proxy.config import ConfigError, HostPort, ProxyConfig
 from proxy.core.backend_fit import BackendFitRecord
@@ -223,7 +223,7 @@ async def start_proxy(
     config: ProxyConfig,
     *,
     registry: CollectorRegistry | None = None,
-    sink: Sink | None = None,
+    sink: object | None = None,
     watcher: StreamWatcher | None = None,
     clock: Callable[[], int] = time.monotonic_ns,
     tracer_provider: TracerProvider | None = None,
@@ -231,6 +231,8 @@ async def start_proxy(
 ) -> RunningProxy:
     """Start both listeners in the running loop; raise ``ConfigError`` if one cannot bind.
 
+    ``sink`` is a fan-out subscriber (``exporters.fanout``) in place of the
+    Prometheus exporter; the proxy's other subscribers join it in one fan-out.
     ``watcher`` sees every stream's events too, after the stall view. Spans
     go to ``tracer_provider`` and the metrics also to ``meter_provider``; when
     neither is given, both come from ``--otlp-endpoint`` and the ``OTEL_*``
@@ -246,12 +248,15 @@ async def start_proxy(
             raise ConfigError(str(exc)) from None
         if telemetry is not None:
             tracer_provider, meter_provider = telemetry.tracer_provider, telemetry.meter_provider
+    subscribers: list[object] = []
     if sink is None:
         prom = PrometheusSink(registry, tenants=bool(config.tenant_headers))
         prom.slo_ttft_s = config.slo_ttft_s
         prom.slo_tpot_s = config.slo_tpot_s
         prom.slo_answer_ttft_s = config.slo_answer_ttft_s or None
-        sink = prom
+        subscribers.append(prom)
+    else:
+        subscribers.append(sink)
     if meter_provider is not None:
         otel = OtelMetricsSink(
             meter_provider,
@@ -261,21 +266,17 @@ async def start_proxy(
             gaps=telemetry.gaps if telemetry is not None else None,
             tenants=bool(config.tenant_headers),
         )
-        sink = FanoutSink(sink, otel)
+        subscribers.append(otel)
     timeline = None
-    if config.timeline:  # its stamps come as a watcher, its records through the sink
+    if config.timeline:  # its stamps come as a watcher, its records through the fan-out
         window = TimelineSettings(window_s=config.timeline_window_s)
         backend = Backend(config.provider, config.backend_label)
         timeline = TimelineBuffer(backend, window, origin_ns=clock())
-        sink = FanoutSink(sink, timeline.sink)
+        subscribers.append(timeline)
     advised = None
-    if config.advisor:  # its stamps come as a watcher, prompt sizes through the sink
+    if config.advisor:  # its stamps come as a watcher, prompt sizes through the fan-out
         advised = AdvisorObservations(Backend(config.provider, config.backend_label))
-        sink = FanoutSink(sink, ObservationSink(advised))
-    if not isinstance(sink, FanoutSink):
-        # Telemetry never breaks traffic: even a single sink's exceptions are caught,
-        # counted and logged (rate-limited) here, not on the stream's path.
-        sink = FanoutSink(sink)
+        subscribers.append(advised)
     settings = stall_settings(config)
     tracing = None
     if tracer_provider is not None:
@@ -287,14 +288,18 @@ async def start_proxy(
             capture_content=config.capture_content,
         )
         tracing = Tracing(spans)
-    # The stall view reports to the metrics and, as events and links, to the spans.
-    view_sink = sink if tracing is None else FanoutSink(sink, tracing.spans)
-    view = stall_view(config, view_sink) if config.stall_detection else None
+        subscribers.append(spans)  # the stall view's records, as events and links
+    # One fan-out for the proxy: per event, the subscribers that take it. Telemetry never
+    # breaks traffic: what a subscriber raises is caught, counted and logged there.
+    fanout = Fanout(*subscribers)
+    view = stall_view(config, fanout) if config.stall_detection else None
     watchers = [w for w in (view, watcher, timeline, advised) if w is not None]
     combined: StreamWatcher | None = (
         FanoutWatcher(*watchers) if len(watchers) > 1 else (watchers[0] if watchers else None)
     )
-    app = create_app(config, sink=sink, clock=clock, watcher=combined, stalls=view, tracing=tracing)
+    app = create_app(
+        config, sink=fanout, clock=clock, watcher=combined, stalls=view, tracing=tracing
+    )
     state = app[STATE]
     budget = state.body_budget
 

@@ -1,7 +1,7 @@
 """What the ``/timeline`` page shows: recent streams, stalls and prefill windows, bounded.
 
-``TimelineBuffer`` is a ``StreamWatcher`` (token stamps of every stream) and,
-through ``TimelineBuffer.sink``, a ``Sink`` (stall and prefill records, and
+``TimelineBuffer`` is a ``StreamWatcher`` (token stamps of every stream) and a
+subscriber of the proxy's fan-out (stall and prefill records, live phases, and
 each finished request's metadata). It keeps, for one backend, the streams
 open now or finished within the last ``window_s`` seconds, each with its
 token stamps of that window, plus the stalls and prefill windows of that
@@ -10,7 +10,7 @@ new reader, then deltas holding only what changed since that reader's last
 message (``TimelineCursor``).
 
 A reasoning model's stream has two phases, thinking then answering, which the
-page colours apart. Where they meet is learnt live, when the sink's ``phase``
+page colours apart. Where they meet is learnt live, when the fan-out's ``phase``
 reports the first answer event (at the tick just stamped) and the reasoning
 before it; a finished request's record then gives the exact stamps (its first
 reasoning and first answer events; also for a request that only reasoned).
@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any
+from typing import Any, ClassVar
 
 from proxy.core.records import (
     Backend,
@@ -138,7 +138,12 @@ class TimelineCursor:
 
 
 class TimelineBuffer:
-    """Recent streams, stalls and prefill windows of one backend (a ``StreamWatcher``)."""
+    """Recent streams, stalls and prefill windows of one backend (a ``StreamWatcher``, and a
+    subscriber of the fan-out)."""
+
+    takes: ClassVar[tuple[str, ...]] = ("request_finished", "phase", "stall", "prefill_done")
+    """The ``Sink`` events it takes; its ``first_token`` and ``gap`` are the watcher's, which
+    carry the stamps."""
 
     def __init__(
         self, backend: Backend, settings: TimelineSettings | None = None, *, origin_ns: int = 0
@@ -150,8 +155,6 @@ class TimelineBuffer:
         """What is kept."""
         self.origin_ns = origin_ns
         """Monotonic time that feed messages count from."""
-        self.sink = TimelineSink(self)
-        """The ``Sink`` face: stall and prefill records, finished requests' metadata."""
         self._streams: OrderedDict[str, _Stream] = OrderedDict()  # forwarded order
         self._stalls: deque[tuple[int, StallRecord]] = deque(maxlen=self.settings.max_stalls)
         self._prefills: deque[tuple[int, PrefillRecord]] = deque(maxlen=self.settings.max_prefills)
@@ -205,7 +208,7 @@ class TimelineBuffer:
             s.end_ns = end_ns
             s.version += 1
 
-    # -- what the Sink face passes on --------------------------------------------------
+    # -- subscriber: records and phases -----------------------------------------------
 
     def request_finished(self, record: RequestRecord) -> None:
         """Take a finished request's metadata (model, usage prompt tokens, TTFT, outcome, and
@@ -231,7 +234,14 @@ class TimelineBuffer:
         s.worst_gap_ns = max(s.worst_gap_ns, record.max_gap_ns)
         s.version += 1
 
-    def phase(self, request_id: str, phase: Phase, seconds: float) -> None:
+    def phase(
+        self,
+        labels: RequestLabels,
+        phase: Phase,
+        seconds: float,
+        request_id: str,
+        trace_id: str = "",
+    ) -> None:
         """A live stream's first answer event (``Phase.ANSWER``, reported as that event's
         tick is stamped: the row's newest tick), then the reasoning before it
         (``Phase.REASONING``: that many seconds before the answer)."""
@@ -410,59 +420,3 @@ class TimelineBuffer:
 
 def _ms(ns: int | None) -> float | None:
     return None if ns is None else round(ns / 1e6, 3)
-
-
-class TimelineSink:
-    """The ``Sink`` face of a ``TimelineBuffer``: keeps records, ignores per-token calls."""
-
-    __slots__ = ("_buffer",)
-    takes_gaps = False
-    """Stamps come through the watcher face: fan-outs skip this sink per token."""
-
-    def __init__(self, buffer: TimelineBuffer) -> None:
-        self._buffer = buffer
-
-    def request_started(self, labels: RequestLabels) -> None:
-        """Ignored (the row starts when the request is forwarded)."""
-
-    def first_token(
-        self,
-        labels: RequestLabels,
-        ttft_s: float,
-        upstream_ttft_s: float | None,
-        request_id: str,
-        trace_id: str = "",
-    ) -> None:
-        """Ignored (the first tick comes from the watcher face)."""
-
-    def gap(self, labels: RequestLabels, gap_s: float, request_id: str, trace_id: str = "") -> None:
-        """Ignored (stamps come from the watcher face)."""
-
-    def request_finished(self, record: RequestRecord) -> None:
-        """Metadata of the finished request."""
-        self._buffer.request_finished(record)
-
-    def phase(
-        self,
-        labels: RequestLabels,
-        phase: Phase,
-        seconds: float,
-        request_id: str,
-        trace_id: str = "",
-    ) -> None:
-        """A phase of a live stream closed: its row's reasoning and answer parts."""
-        self._buffer.phase(request_id, phase, seconds)
-
-    def decoder_error(self, backend: Backend, kind: str) -> None:
-        """Ignored."""
-
-    def unobserved(self, backend: Backend, reason: str) -> None:
-        """Ignored."""
-
-    def stall(self, record: StallRecord) -> None:
-        """A stall: shaded on the stalled stream's row."""
-        self._buffer.stall(record)
-
-    def prefill_done(self, record: PrefillRecord) -> None:
-        """A prefill window's attribution: culprits are highlighted."""
-        self._buffer.prefill_done(record)

@@ -46,7 +46,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from dashboards import build, rules
 from dashboards.config import Config
 from exporters import names
-from exporters.fanout import FanoutSink
+from exporters.fanout import Fanout
 from exporters.otel import OtelMetricsSink
 from exporters.prometheus import PrometheusSink
 from proxy.edge.server import start_proxy
@@ -162,7 +162,7 @@ async def test_every_dashboard_query_and_rule_on_native_histograms(simulator_url
     prom_sink = PrometheusSink(registry)
     prom_sink.slo_ttft_s, prom_sink.slo_tpot_s = cfg.slo_ttft_s, cfg.slo_tpot_s
     raw = RawMeterProvider()
-    sink = FanoutSink(prom_sink, OtelMetricsSink(raw))  # type: ignore[arg-type]
+    sink = Fanout(prom_sink, OtelMetricsSink(raw))  # type: ignore[arg-type]
     proxy = await start_proxy(cfg, registry=registry, sink=sink)
     telemetry = proxy.telemetry
     assert telemetry is not None

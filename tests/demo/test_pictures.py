@@ -51,7 +51,7 @@ def synthetic(
     buf.first_token(long_id, prefill_at + prefill_ns)
     buf.finished(long_id, prefill_at + prefill_ns + 40 * MS)
     for rid, start in frozen.items():
-        buf.sink.stall(
+        buf.stall(
             StallRecord(
                 request_id=rid,
                 backend=BACKEND,
@@ -64,7 +64,7 @@ def synthetic(
             )
         )
     stalled = len(frozen)
-    buf.sink.prefill_done(
+    buf.prefill_done(
         PrefillRecord(
             request_id=long_id,
             labels=RequestLabels("chat", "sim", BACKEND),
@@ -160,8 +160,8 @@ def test_replay_draws_what_the_live_buffer_held():
         stalled_streams=1,
         stutter_cost_s=0.13,
     )
-    live.sink.stall(stall)
-    live.sink.prefill_done(pre)
+    live.stall(stall)
+    live.prefill_done(pre)
     replayed = replay_snapshot(BACKEND, log.timelines.values(), stalls=[stall], prefills=[pre])
     expected = live.snapshot(ORIGIN + 210 * MS)
     assert replayed["streams"] == expected["streams"]

@@ -21,7 +21,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
 from prometheus_client import CollectorRegistry
 
 from exporters import names
-from exporters.fanout import FanoutSink
+from exporters.fanout import Fanout
 from exporters.otel import OtelMetricsSink
 from exporters.otel_setup import SDK_EXPORT_LOGGERS, OtlpSettings, Telemetry
 from exporters.prometheus import PrometheusSink
@@ -54,7 +54,7 @@ async def test_otlp_http_round_trip_equals_the_scrape(simulator_url, collector, 
     prom = PrometheusSink(registry)
     prom.slo_ttft_s, prom.slo_tpot_s = cfg.slo_ttft_s, cfg.slo_tpot_s
     raw = RawMeterProvider()
-    sink = FanoutSink(prom, OtelMetricsSink(raw))  # type: ignore[arg-type]
+    sink = Fanout(prom, OtelMetricsSink(raw))  # type: ignore[arg-type]
     proxy = await start_proxy(cfg, registry=registry, sink=sink)
     telemetry = proxy.telemetry
     assert telemetry is not None

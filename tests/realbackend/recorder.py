@@ -23,13 +23,15 @@ from prometheus_client import CollectorRegistry
 
 from exporters.prometheus import PrometheusSink
 from proxy.config import ProxyConfig
-from proxy.core.records import Phase, RequestLabels
+from proxy.core.records import EVENTS, Phase, RequestLabels
 from proxy.edge.server import RunningProxy, start_proxy
 from tests.stallkit import RecordingSink
 
 
 class PhaseRecordingSink(RecordingSink):
     """A ``RecordingSink`` that also keeps and forwards the live phases (``Sink.phase``)."""
+
+    takes = EVENTS
 
     def __init__(self, inner: PrometheusSink) -> None:
         super().__init__(inner)

@@ -25,7 +25,9 @@ BAD_EVENT = b"data: {not json\n\n"
 
 
 class RaisingSink:
-    """A ``proxy.core.records.Sink`` whose chosen methods raise (a broken exporter)."""
+    """A fan-out subscriber whose chosen methods raise (a broken exporter)."""
+
+    takes = SINK_METHODS
 
     def __init__(self, failing: frozenset[str]) -> None:
         self.failing = failing

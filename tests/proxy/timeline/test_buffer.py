@@ -100,10 +100,10 @@ def test_records_in_json_out():
     buf = TimelineBuffer(BACKEND, origin_ns=ORIGIN)
     stream(buf, "a", ORIGIN + 1 * MS, [ORIGIN + 10 * MS, ORIGIN + 35 * MS, ORIGIN + 180 * MS])
     stream(buf, "long", ORIGIN + 20 * MS, [ORIGIN + 178 * MS])
-    buf.sink.stall(stall("a", ORIGIN + 35 * MS, ORIGIN + 180 * MS, ("long",)))
-    buf.sink.prefill_done(prefill("long", ORIGIN + 20 * MS, ORIGIN + 178 * MS, stalled=1))
+    buf.stall(stall("a", ORIGIN + 35 * MS, ORIGIN + 180 * MS, ("long",)))
+    buf.prefill_done(prefill("long", ORIGIN + 20 * MS, ORIGIN + 178 * MS, stalled=1))
     buf.finished("long", ORIGIN + 200 * MS)
-    buf.sink.request_finished(
+    buf.request_finished(
         record("long", arrival_ns=ORIGIN + 19 * MS, first_token_ns=ORIGIN + 178 * MS)
     )
 
@@ -149,7 +149,7 @@ def test_a_reasoning_stream_says_where_its_answer_begins():
     stream(buf, "thinker", ORIGIN + 1 * MS, ticks, end=ORIGIN + 201 * MS)
     stream(buf, "plain", ORIGIN + 1 * MS, ticks, end=ORIGIN + 201 * MS)
     assert by_id(buf.snapshot(ORIGIN + 300 * MS))["thinker"]["reasoning_us"] is None
-    buf.sink.request_finished(
+    buf.request_finished(
         record(
             "thinker",
             first_token_ns=ticks[0],
@@ -159,7 +159,7 @@ def test_a_reasoning_stream_says_where_its_answer_begins():
             reported_reasoning_tokens=30,
         )
     )
-    buf.sink.request_finished(record("plain", first_token_ns=ticks[0], first_answer_ns=ticks[0]))
+    buf.request_finished(record("plain", first_token_ns=ticks[0], first_answer_ns=ticks[0]))
     streams = by_id(buf.snapshot(ORIGIN + 300 * MS))
     thinker = streams["thinker"]
     assert (thinker["reasoning_us"], thinker["answer_us"]) == (100_000, 175_000)
@@ -178,16 +178,16 @@ def test_a_live_stream_learns_its_phases_from_the_sink_as_its_answer_begins():
     stream(buf, "thinker", ORIGIN + 1 * MS, ticks)  # open: no record yet
     # The timer reports the first answer event right after stamping its tick, then the
     # reasoning before it.
-    buf.sink.phase(LABELS, Phase.ANSWER, 0.150, "thinker")
-    buf.sink.phase(LABELS, Phase.REASONING, 0.050, "thinker")
-    buf.sink.phase(LABELS, Phase.TOOL_CALL, 0.150, "thinker")  # nothing to draw
-    buf.sink.phase(LABELS, Phase.ANSWER, 0.150, "nobody")  # not a row: ignored
+    buf.phase(LABELS, Phase.ANSWER, 0.150, "thinker")
+    buf.phase(LABELS, Phase.REASONING, 0.050, "thinker")
+    buf.phase(LABELS, Phase.TOOL_CALL, 0.150, "thinker")  # nothing to draw
+    buf.phase(LABELS, Phase.ANSWER, 0.150, "nobody")  # not a row: ignored
     live = by_id(buf.snapshot(ORIGIN + 160 * MS))["thinker"]
     assert (live["reasoning_us"], live["answer_us"]) == (100_000, 150_000)
     assert (live["answer_ttft_ms"], live["reasoning_ms"]) == (150.0, 50.0)
     # A stream without reasoning learns only where its answer began: no phases to draw.
     stream(buf, "plain", ORIGIN + 1 * MS, [ORIGIN + 90 * MS])
-    buf.sink.phase(LABELS, Phase.ANSWER, 0.090, "plain")
+    buf.phase(LABELS, Phase.ANSWER, 0.090, "plain")
     plain = by_id(buf.snapshot(ORIGIN + 160 * MS))["plain"]
     assert (plain["reasoning_us"], plain["answer_us"]) == (None, 90_000)
 
@@ -195,7 +195,7 @@ def test_a_live_stream_learns_its_phases_from_the_sink_as_its_answer_begins():
 def test_a_stream_that_only_reasoned_has_no_answer():
     buf = TimelineBuffer(BACKEND, origin_ns=ORIGIN)
     stream(buf, "r", ORIGIN + 1 * MS, [ORIGIN + 100 * MS, ORIGIN + 150 * MS], ORIGIN + 160 * MS)
-    buf.sink.request_finished(
+    buf.request_finished(
         record(
             "r",
             first_token_ns=ORIGIN + 100 * MS,
@@ -213,7 +213,7 @@ def test_a_stream_that_only_reasoned_has_no_answer():
 def test_estimate_shown_until_usage_arrives():
     buf = TimelineBuffer(BACKEND, origin_ns=ORIGIN)
     stream(buf, "r", ORIGIN, [ORIGIN + 100 * MS])
-    buf.sink.prefill_done(prefill("r", ORIGIN, ORIGIN + 100 * MS))
+    buf.prefill_done(prefill("r", ORIGIN, ORIGIN + 100 * MS))
     s = by_id(buf.snapshot(ORIGIN + S))["r"]
     assert (s["prompt_tokens"], s["prompt_estimated"], s["model"]) == (3990, True, "llama")
     assert s["ttft_ms"] is None
@@ -229,7 +229,7 @@ def test_deltas_carry_only_what_changed():
     assert {s["id"] for s in first["streams"]} == {"a", "b"}
 
     buf.gap("a", ORIGIN + 20 * MS, ORIGIN + 45 * MS)
-    buf.sink.stall(stall("b", ORIGIN + 11 * MS, ORIGIN + 90 * MS))
+    buf.stall(stall("b", ORIGIN + 11 * MS, ORIGIN + 90 * MS))
     second = buf.feed(cursor, ORIGIN + 100 * MS)
     assert second["type"] == "delta"
     streams = by_id(second)
@@ -251,8 +251,8 @@ def test_window_drops_old_streams_stamps_stalls_and_prefills():
     buf = TimelineBuffer(BACKEND, TimelineSettings(window_s=1.0), origin_ns=ORIGIN)
     stream(buf, "old", ORIGIN, [ORIGIN + 10 * MS, ORIGIN + 20 * MS], end=ORIGIN + 30 * MS)
     stream(buf, "open", ORIGIN, [ORIGIN + 10 * MS, ORIGIN + 1500 * MS])
-    buf.sink.stall(stall("open", ORIGIN + 10 * MS, ORIGIN + 400 * MS))
-    buf.sink.prefill_done(prefill("old", ORIGIN, ORIGIN + 10 * MS))
+    buf.stall(stall("open", ORIGIN + 10 * MS, ORIGIN + 400 * MS))
+    buf.prefill_done(prefill("old", ORIGIN, ORIGIN + 10 * MS))
     msg = buf.snapshot(ORIGIN + 2 * S)
     assert set(by_id(msg)) == {"open"}  # still open, so kept: only its old stamps go
     assert by_id(msg)["open"]["ticks_us"] == [1_500_000]
@@ -288,7 +288,7 @@ def test_unstreamed_request_leaves_no_row():
     buf = TimelineBuffer(BACKEND, origin_ns=ORIGIN)
     buf.forwarded("plain", ORIGIN)
     buf.finished("plain", ORIGIN + 50 * MS)
-    buf.sink.request_finished(record("plain", streamed=False, first_token_ns=None))
+    buf.request_finished(record("plain", streamed=False, first_token_ns=None))
     assert buf.snapshot(ORIGIN + S)["streams"] == []
 
 
@@ -336,11 +336,11 @@ def test_memory_stays_bounded_whatever_comes(events):
         elif kind == "finished":
             buf.finished(rid, now)
         elif kind == "stall":
-            buf.sink.stall(stall(rid, now - step, now, (f"r{(n + 1) % 31}",)))
+            buf.stall(stall(rid, now - step, now, (f"r{(n + 1) % 31}",)))
         elif kind == "prefill":
-            buf.sink.prefill_done(prefill(rid, now - step, now, stalled=n % 3))
+            buf.prefill_done(prefill(rid, now - step, now, stalled=n % 3))
         else:
-            buf.sink.request_finished(record(rid))
+            buf.request_finished(record(rid))
         sizes = buf.tracked
         assert sizes["streams"] <= 8
         assert sizes["ticks"] <= 8 * 16

@@ -1,7 +1,8 @@
-"""FanoutSink: every sink gets every observation; one failing sink breaks nothing, logs rarely."""
+"""Fanout: each subscriber gets the events it takes; one failing breaks nothing, logs rarely."""
 
 from __future__ import annotations
 
+import inspect
 import logging
 
 import pytest
@@ -9,11 +10,14 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from prometheus_client import CollectorRegistry
 
-from exporters.fanout import ErrorLog, FanoutSink
+from exporters.fanout import ErrorLog, Fanout
 from exporters.otel import OtelMetricsSink
+from exporters.otel_spans import SpanRecorder
 from exporters.prometheus import PrometheusSink
-from proxy.core.records import Backend, Outcome, RequestLabels
+from proxy.advisor.observations import AdvisorObservations
+from proxy.core.records import EVENTS, Backend, Outcome, RequestLabels, Sink
 from proxy.core.timing import StreamTimer
+from proxy.timeline.buffer import TimelineBuffer
 
 BACKEND = Backend("vllm", "b")
 LABELS = RequestLabels("chat", "m", BACKEND)
@@ -26,7 +30,9 @@ PROM_LABELS = {
 
 
 class Broken:
-    """A sink whose every method raises."""
+    """A subscriber taking every event, whose every method raises."""
+
+    takes = EVENTS
 
     def __getattr__(self, name):
         def fail(*args, **kwargs):
@@ -55,15 +61,15 @@ def _stream(sink, trace_id: str = "") -> None:
     timer.finish(20_000_000, Outcome.OK, 200)
 
 
-def test_every_sink_gets_every_observation_despite_a_broken_one(caplog):
+def test_every_subscriber_gets_every_event_despite_a_broken_one(caplog):
     registry = CollectorRegistry()
     reader = InMemoryMetricReader()
     prom = PrometheusSink(registry)
     otel = OtelMetricsSink(MeterProvider(metric_readers=[reader]))
     now = [0.0]
     errors = ErrorLog(every_s=60.0, clock=lambda: now[0])
-    fan = FanoutSink(prom, Broken(), FanoutSink(otel), errors=errors)  # nested: flattened
-    assert len(fan.sinks) == 3
+    fan = Fanout(prom, Broken(), Fanout(otel), errors=errors)  # nested: flattened
+    assert len(fan.subscribers) == 3
     with caplog.at_level(logging.WARNING, logger="tokenstamp.telemetry"):
         _stream(fan, trace_id="ab" * 16)
         fan.decoder_error(BACKEND, "invalid_json")
@@ -112,37 +118,77 @@ def test_unsampled_streams_call_gap_with_three_arguments():
     assert [c[1] for c in calls] == pytest.approx([0.001, 0.005])
 
 
-def test_a_sink_that_takes_no_gaps_is_skipped_per_token_only():
-    class Counting:
-        takes_gaps = False
+class Counting:
+    """Takes what it is told to; has a method for every event, counting its calls."""
 
-        def __init__(self):
-            self.calls = []
+    def __init__(self, *takes: str) -> None:
+        self.takes = takes
+        self.calls: list[str] = []
 
-        def gap(self, *args):
-            self.calls.append("gap")
-
-        def decoder_error(self, backend, kind):
-            self.calls.append("decoder_error")
-
-    quiet, loud = Counting(), Counting()
-    loud.takes_gaps = True
-    fan = FanoutSink(quiet, loud)
-    labels = RequestLabels("chat", "m", Backend("openai", "b"))
-    fan.gap(labels, 0.02, "r")
-    fan.decoder_error(labels.backend, "invalid_json")
-    assert quiet.calls == ["decoder_error"]
-    assert loud.calls == ["gap", "decoder_error"]
+    def __getattr__(self, name: str):
+        if name not in EVENTS:
+            raise AttributeError(name)
+        return lambda *args: self.calls.append(name)
 
 
-def test_gaps_without_exemplar_take_the_recorders_and_reach_every_sink():
+def test_a_subscriber_is_called_for_what_it_takes_only():
+    errors_only, gaps_too = Counting("decoder_error"), Counting("gap", "decoder_error")
+    fan = Fanout(errors_only, gaps_too)
+    fan.gap(LABELS, 0.02, "r")
+    fan.decoder_error(BACKEND, "invalid_json")
+    fan.unobserved(BACKEND, "body_not_json")  # nobody takes it: nothing happens
+    fan.gap_recorder(LABELS, "r")(0.01)
+    assert errors_only.calls == ["decoder_error"]
+    assert gaps_too.calls == ["gap", "decoder_error", "gap"]
+
+
+def test_an_event_nobody_takes_costs_no_call_of_a_subscriber():
+    stalls_only = Counting("stall")
+    fan = Fanout(stalls_only)
+    _stream(fan)
+    fan.gap_recorder(LABELS, "r")(0.01)
+    assert stalls_only.calls == []
+
+
+@pytest.mark.parametrize(
+    ("takes", "message"),
+    [
+        (None, "names the events it takes"),
+        ((), "names the events it takes"),
+        (("gaps",), "'gaps' is not one of"),
+        (("prefill_done",), "takes 'prefill_done' but has no method"),
+    ],
+)
+def test_a_misdeclared_subscriber_fails_at_construction(takes, message):
+    class Wrong:
+        def stall(self, record): ...
+
+    wrong = Wrong()
+    if takes is not None:
+        wrong.takes = takes
+    with pytest.raises(TypeError, match=message):
+        Fanout(wrong)
+
+
+@pytest.mark.parametrize("cls", [PrometheusSink, OtelMetricsSink, SpanRecorder,
+                                 TimelineBuffer, AdvisorObservations])  # fmt: skip
+def test_every_subscriber_takes_its_events_with_the_sinks_signatures(cls):
+    for event in cls.takes:
+        ours = inspect.signature(getattr(cls, event)).parameters
+        sink = inspect.signature(getattr(Sink, event)).parameters
+        assert [(p.name, p.kind, p.default) for p in ours.values()] == [
+            (p.name, p.kind, p.default) for p in sink.values()
+        ], f"{cls.__name__}.{event}"
+
+
+def test_gaps_without_exemplar_take_the_recorders_and_reach_every_subscriber():
     """Gaps under the stream's worst so far go through ``gap_recorder``: same counts, same sums."""
     registry = CollectorRegistry()
     reader = InMemoryMetricReader()
     prom = PrometheusSink(registry)
     otel = OtelMetricsSink(MeterProvider(metric_readers=[reader]))
     errors = ErrorLog(every_s=60.0)
-    fan = FanoutSink(prom, Broken(), otel, errors=errors)
+    fan = Fanout(prom, Broken(), otel, errors=errors)
     timer = StreamTimer("r1", LABELS, arrival_ns=0, start_unix_ns=0, sink=fan)
     # gaps 5 ms (the worst: through ``gap``), then 1 ms and 2 ms (through the recorders)
     for ns in (10_000_000, 15_000_000, 16_000_000, 18_000_000):
@@ -157,8 +203,9 @@ def test_gaps_without_exemplar_take_the_recorders_and_reach_every_sink():
 
 
 def test_a_single_gap_sink_hands_its_own_recorder_to_the_timer():
-    """One gap-taking sink with a recorder: the timer calls it directly (no fan-out per token)."""
+    """One gap-taking subscriber with a recorder: the timer calls it directly (no fan-out per
+    token), as the fan-out calls the one subscriber of an event (inside a ``try``)."""
     prom = PrometheusSink(CollectorRegistry())
-    fan = FanoutSink(prom)
+    fan = Fanout(prom, AdvisorObservations(BACKEND))
     recorder = fan.gap_recorder(LABELS, "r1")
     assert recorder == prom.gap_recorder(LABELS, "r1")
