@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo demo-techniques test test-vllm test-compiled build-compiled check-compiled install-vllm install install-test deps-system lint fmt bench bench-docs clean dashboards chart-sync docs
+.PHONY: demo demo-techniques test check-image-build test-vllm test-compiled build-compiled check-compiled install-vllm install install-test deps-system lint fmt bench bench-docs clean dashboards chart-sync docs
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -46,10 +46,21 @@ lint: install-test
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+## The container image's default build step (the compiled wheel: minutes of mypyc) is a test of
+## its own, run once per change of what it builds, so CI can run it while it sets up.
+IMAGE_BUILD_TEST := tests/helm/test_dockerfile.py::test_default_compiled_wheel_build_step_installs_a_working_console_script
+IMAGE_BUILD_STAMP := build/image-build-test.ok
+
 ## Everything the tests need, then all of them but the side-by-side against vLLM, which needs
 ## vLLM's own virtualenv: that is make test-vllm.
-test: install-test lint
-	$(BIN)/pytest -m "not vllm"
+test: install-test lint $(IMAGE_BUILD_STAMP)
+	$(BIN)/pytest -m "not vllm" --deselect $(IMAGE_BUILD_TEST)
+
+check-image-build: $(IMAGE_BUILD_STAMP)
+$(IMAGE_BUILD_STAMP): Dockerfile .dockerignore setup.py pyproject.toml tests/helm/test_dockerfile.py \
+		$(shell git ls-files proxy exporters 2>/dev/null) | install-test
+	$(BIN)/pytest -p no:randomly $(IMAGE_BUILD_TEST)
+	mkdir -p $(dir $@) && touch $@
 
 ## vLLM (CPU build) in its own virtualenv, for the side-by-side test against vLLM's own metrics.
 VLLM_VENV ?= .venv-vllm
