@@ -163,10 +163,17 @@ async def forward(
             relay = JsonRelay(conn, transport, timer, state, fmt, chunked=chunked, capture=capture)
         del transport
         # A body is cut (outcome timeout) after --max-stream-duration, or by the
-        # watchdog once it falls silent.
-        limit = cfg.max_stream_duration_s or None
-        async with asyncio.timeout(limit) as deadline, state.watchdogs.watch(relay, deadline):
-            complete = await relay.run(client)
+        # watchdog once it falls silent (which expires the relay: no scope of its own).
+        limit = cfg.max_stream_duration_s
+        dog = state.watchdogs.watch(relay)
+        try:
+            if limit:
+                async with asyncio.timeout(limit):
+                    complete = await relay.run(client)
+            else:
+                complete = await relay.run(client)
+        finally:
+            state.watchdogs.unwatch(dog)
         if not complete:
             if _answered(timer):
                 drain = True
@@ -283,8 +290,13 @@ async def _send(
         if timer is not None:
             timer.forwarded(state.clock())
         try:
-            async with asyncio.timeout(state.config.read_timeout_s):
-                await conn.send(head, body, client.interim, head_only=client.method == "HEAD")
+            await conn.send(
+                head,
+                body,
+                client.interim,
+                head_only=client.method == "HEAD",
+                timeout_s=state.config.read_timeout_s,
+            )
         except (DisconnectedBeforeHead, ResetBeforeHead) as exc:
             conn.close()
             # A pooled keep-alive connection the backend had already closed (llama.cpp

@@ -375,6 +375,10 @@ class FrontConnection(Reply):
         """The request headers are not read again: let them go while the body streams."""
         self.headers = _NO_HEADERS
 
+    def body_arrived(self) -> bool:
+        """The head's ``Content-Length`` bytes were all read."""
+        return self._phase != BODY
+
     async def read_body(self, limit: int) -> bytes:
         """The whole request body; ``Refused``: 413 past ``limit`` bytes, 503 over budget."""
         if self._need > limit:

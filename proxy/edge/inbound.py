@@ -86,6 +86,10 @@ class Inbound(Protocol):
         """The request headers are not read again: let them go while the body streams."""
         ...
 
+    def body_arrived(self) -> bool:
+        """The whole request body is here already: ``read_body`` cannot wait for it."""
+        ...
+
     async def read_body(self, limit: int) -> bytes:
         """The whole request body; ``Refused``: 413 past ``limit`` bytes, 503 over budget."""
         ...
@@ -169,6 +173,10 @@ class AiohttpInbound:
 
     def forget_headers(self) -> None:
         """Nothing to let go: the aiohttp request keeps its headers anyway."""
+
+    def body_arrived(self) -> bool:
+        """Not known without reading: ``read_body`` may wait."""
+        return False
 
     async def read_body(self, limit: int) -> bytes:
         """The whole request body; ``Refused``: 413 past ``limit`` bytes, 503 over budget.

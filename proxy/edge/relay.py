@@ -80,6 +80,7 @@ class BodyRelay:
         "_client",
         "_conn",
         "_error",
+        "_expired",
         "_finished",
         "_gone",
         "_high",
@@ -105,6 +106,7 @@ class BodyRelay:
         self._finished = False
         self._gone = False
         self._error: UpstreamError | None = None
+        self._expired = False
         self._wrote = False  # this read's first piece went out already
         self._pending: list[bytes] | None = None  # this read's later pieces, framed
 
@@ -182,6 +184,8 @@ class BodyRelay:
                 return False
             if self._finished:
                 break
+            if self._expired:
+                raise TimeoutError("the upstream body fell silent (--read-timeout)")
             if conn.paused:
                 try:
                     await writer.drain()
@@ -210,6 +214,17 @@ class BodyRelay:
     def waiting_for_data(self) -> bool:
         """The relay waits on the upstream (not on the client, not done): the watchdog's cue."""
         return not self._finished and not self._conn.paused
+
+    @property
+    def expired(self) -> bool:
+        """The watchdog found the body silent (``expire``)."""
+        return self._expired
+
+    def expire(self) -> None:
+        """The body fell silent (the watchdog): ``run`` raises ``TimeoutError`` instead of
+        waiting on (no timeout scope per request: the relay's own waiter is woken)."""
+        self._expired = True
+        self._wake()
 
 
 class TimedRelay(BodyRelay):

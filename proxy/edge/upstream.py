@@ -386,10 +386,18 @@ class UpstreamConnection(asyncio.Protocol):
         return True
 
     async def send(
-        self, head: bytes, body: bytes, interim: Interim | None = None, *, head_only: bool = False
+        self,
+        head: bytes,
+        body: bytes,
+        interim: Interim | None = None,
+        *,
+        head_only: bool = False,
+        timeout_s: float | None = None,
     ) -> None:
         """Write a request and wait for the final response head (``IDLE`` only); interim
-        responses meanwhile go to ``interim``. ``head_only``: the request is HEAD."""
+        responses meanwhile go to ``interim``. ``head_only``: the request is HEAD.
+        ``timeout_s``: ``TimeoutError`` when no head came in that many seconds (one timer
+        handle on the head's future, cheaper than a timeout scope around the call)."""
         if self._phase != IDLE:
             if self._phase == CLOSED:
                 raise DisconnectedBeforeHead("connection closed before a response")
@@ -399,7 +407,8 @@ class UpstreamConnection(asyncio.Protocol):
             self.close()
             raise DisconnectedBeforeHead("connection closed before a response")
         loop = asyncio.get_running_loop()
-        self._head = loop.create_future()
+        waiting: asyncio.Future[None] = loop.create_future()
+        self._head = waiting
         self._parser = httptools.HttpResponseParser(self)
         self._reason = b""
         self._headers = CIMultiDict()
@@ -415,9 +424,12 @@ class UpstreamConnection(asyncio.Protocol):
         self.received_bytes = 0
         self._move(HEAD)
         transport.write(head + body if body else head)
+        late = None if timeout_s is None else loop.call_later(timeout_s, _head_late, waiting)
         try:
-            await self._head
+            await waiting
         finally:
+            if late is not None:
+                late.cancel()
             self._head = None  # answered (or given up on): not kept while the body streams
             self._interim_to = None
 
@@ -476,6 +488,13 @@ class UpstreamConnection(asyncio.Protocol):
         else:
             self._end(error)
         self.close()
+
+
+def _head_late(head: asyncio.Future[None]) -> None:
+    """``--read-timeout`` passed with no response head: the waiting request gets
+    ``TimeoutError`` (the 504 of ``proxy.edge.forward``)."""
+    if not head.done():
+        head.set_exception(TimeoutError())
 
 
 class _Violation(Exception):
