@@ -271,6 +271,7 @@ class SseRelay(TimedRelay):
         "_cutter",
         "_decoder",
         "_learn",
+        "_misses",
         "_oversized",
         "_rshape",
         "_rshape_tries",
@@ -301,6 +302,7 @@ class SseRelay(TimedRelay):
         self._shape_tries = SHAPE_TRIES if self._learn is not None else 0
         self._rshape: TokenShape | None = None
         self._rshape_tries = self._shape_tries
+        self._misses = 0  # reads tried as a shape that were no output event at all
 
     def body(self, data: bytes, read_ns: int) -> None:
         """Write first (minus a usage event the proxy asked for), then time the events."""
@@ -319,8 +321,13 @@ class SseRelay(TimedRelay):
             if rshape is not None and rshape.matches(data) and decoder.skip_event(len(data)):
                 timer.reasoning(read_ns)  # the usual thinking token
                 return
-            events = decoder.feed(data)
             known = bool(timer.response_id or timer.response_model)
+            learning = (
+                known and shape is None and self._shape_tries > 0 and self._misses < SHAPE_TRIES
+            )
+            if learning and self._learned(data, read_ns):
+                return
+            events = decoder.feed(data)
             interpret = self._interpret
             infos = [interpret(ev.data, ev.event, known_ids=known) for ev in events]
         else:
@@ -335,8 +342,14 @@ class SseRelay(TimedRelay):
                 self.write(cutter.push(data, decoder.boundary_offset))
                 timer.reasoning(read_ns)
                 return
-            events = decoder.feed(data)
             known = bool(timer.response_id or timer.response_model)
+            learning = (
+                known and shape is None and self._shape_tries > 0 and self._misses < SHAPE_TRIES
+            )
+            if learning and self._learned(data, read_ns):
+                self.write(cutter.push(data, decoder.boundary_offset))
+                return
+            events = decoder.feed(data)
             interpret = self._interpret
             infos = []
             for ev in events:
@@ -358,7 +371,16 @@ class SseRelay(TimedRelay):
             for _ in range(decoder.errors - self._oversized):
                 self._sink.decoder_error(self._backend, "oversized_event")
             self._oversized = decoder.errors
-        if len(infos) == 1 and self._learn is not None:
+        if learning:
+            # Tried as a shape already (``_learned``), and it was none: that counts as the
+            # try of the kind the decoder found, or else as a miss.
+            if len(infos) == 1 and infos[0] is OUTPUT:
+                self._shape_tries -= 1
+            elif len(infos) == 1 and infos[0] is REASONING and self._rshape is None:
+                self._rshape_tries = max(0, self._rshape_tries - 1)
+            else:
+                self._misses += 1
+        elif len(infos) == 1 and self._learn is not None:
             # One plain output event in one read (``OUTPUT`` comes only once the ids are
             # known, and they stay known): the stream's usual token, perhaps. A shape is
             # kept only when it is of the kind the decoder found.
@@ -370,6 +392,34 @@ class SseRelay(TimedRelay):
                 self._rshape_tries -= 1
                 learned = self._learn(data)
                 self._rshape = learned if learned is not None and learned.reasoning else None
+
+    def _learned(self, data: bytes, read_ns: int) -> bool:
+        """Try ``data`` as the stream's usual token before decoding it (one parse, not two:
+        learning a shape parses the event whole anyway). True when it was one whole plain
+        output event, now timed, its shape kept; else nothing changed, and the read is
+        decoded the general way (``body`` counts the try).
+
+        What ``TokenShape.learn`` accepts is exactly what ``interpret`` with the ids known
+        calls a plain answer (``OUTPUT``) or reasoning (``REASONING``) event of choice 0.
+        """
+        learn = self._learn
+        assert learn is not None, "a shape is tried only where the format has one"
+        learned = learn(data)
+        if learned is None:
+            return False
+        if learned.reasoning and (self._rshape is not None or not self._rshape_tries):
+            return False
+        if not self._decoder.skip_event(len(data)):
+            return False  # not at an event boundary: the general decode reads it
+        timer = self._timer
+        if learned.reasoning:
+            self._rshape_tries -= 1
+            self._rshape = learned
+            timer.reasoning(read_ns)
+        else:
+            self._shape = learned
+            timer.output(read_ns)
+        return True
 
     def _cut(self, cutter: EventCutter, ev: SseEvent) -> None:
         state = self._state
