@@ -137,7 +137,13 @@ async def forward(
         if timer is not None and (is_sse or decoding is Decoding.NDJSON):
             out_headers["X-Accel-Buffering"] = "no"
         status = conn.status
-        await client.start(status, conn.reason, out_headers)
+        # The front's head goes out with the body's first bytes when they were read with
+        # it (one write, not two), else at once: either way inside ``relay.run``'s first
+        # step, before anything is awaited.
+        head = client.start_held(status, conn.reason, out_headers)
+        if head is None:
+            await client.start(status, conn.reason, out_headers)
+            head = b""
         del out_headers
         started = True
         progress.status = status
@@ -150,18 +156,19 @@ async def forward(
             capture = state.tracing.capture_buffer(timer)
         relay: BodyRelay
         if timer is None or fmt is None or encoded or decoding is None:
-            relay = BodyRelay(conn, transport, chunked=chunked, capture=capture)
+            relay = BodyRelay(conn, transport, chunked=chunked, capture=capture, head=head)
         elif decoding is Decoding.SSE:
             timer.streamed = True
             relay = SseRelay(conn, transport, timer, state, fmt, chunked=chunked,
-                             strip_usage=injected, capture=capture)  # fmt: skip
+                             strip_usage=injected, capture=capture, head=head)  # fmt: skip
         elif decoding is Decoding.NDJSON:
             timer.streamed = True
             relay = NdjsonRelay(conn, transport, timer, state, fmt, chunked=chunked,
-                                capture=capture)  # fmt: skip
+                                capture=capture, head=head)  # fmt: skip
         else:
-            relay = JsonRelay(conn, transport, timer, state, fmt, chunked=chunked, capture=capture)
-        del transport
+            relay = JsonRelay(conn, transport, timer, state, fmt, chunked=chunked,
+                              capture=capture, head=head)  # fmt: skip
+        del transport, head
         # A body is cut (outcome timeout) after --max-stream-duration, or by the
         # watchdog once it falls silent (which expires the relay: no scope of its own).
         limit = cfg.max_stream_duration_s

@@ -112,6 +112,12 @@ class Inbound(Protocol):
         """Send the response head (``Content-Length`` in ``headers`` means not chunked)."""
         ...
 
+    def start_held(self, status: int, reason: str, headers: CIMultiDict[str]) -> bytes | None:
+        """Start the response as ``start`` does but without writing its head: its bytes,
+        for whoever writes the body's first bytes (in the same write, before any await);
+        ``None`` when this client cannot (then ``start``)."""
+        ...
+
     async def write(self, data: bytes) -> None:
         """Send body bytes, waiting while the client's buffer is full (``ConnectionError``)."""
         ...
@@ -235,6 +241,10 @@ class AiohttpInbound:
         self.chunked = bool(getattr(writer, "chunked", False))
         self._writer = resp
         self._stream = writer
+
+    def start_held(self, status: int, reason: str, headers: CIMultiDict[str]) -> bytes | None:
+        """aiohttp writes its head itself: ``start``."""
+        return None
 
     async def write(self, data: bytes) -> None:
         """Send body bytes, waiting while the client's buffer is full (``ConnectionError``)."""

@@ -83,6 +83,7 @@ class BodyRelay:
         "_expired",
         "_finished",
         "_gone",
+        "_head",
         "_high",
         "_pending",
         "_waiter",
@@ -96,10 +97,12 @@ class BodyRelay:
         *,
         chunked: bool,
         capture: bytearray | None = None,
+        head: bytes = b"",
     ) -> None:
         self._conn = conn
         self._client = client
         self._chunked = chunked
+        self._head = head  # the response head, written with the body's first bytes
         self._capture = capture
         self._high = client.get_write_buffer_limits()[1]
         self._waiter: asyncio.Future[None] | None = None
@@ -113,8 +116,9 @@ class BodyRelay:
     def write(self, data: bytes) -> None:
         """Send ``data`` to the client (framed as one chunk when the response is chunked).
 
-        The read's first piece goes now; later pieces of the same read go together
-        when it is done (``read_done``): one write for them, not one each.
+        The read's first piece goes now (after the response head, the first time:
+        one write for both); later pieces of the same read go together when it is done
+        (``read_done``): one write for them, not one each.
         """
         if not data or self._gone:
             return
@@ -124,6 +128,10 @@ class BodyRelay:
             capture += data[: CAPTURE_BYTES - len(capture)]
         if not self._wrote:
             self._wrote = True
+            head = self._head
+            if head:
+                self._head = b""
+                framed = head + framed
             self._send(framed)
         elif self._pending is None:
             self._pending = [framed]
@@ -137,6 +145,11 @@ class BodyRelay:
         if pending is not None:
             self._pending = None
             self._send(pending[0] if len(pending) == 1 else b"".join(pending))
+        elif self._head:
+            # Nothing of the body came with the head (or nothing was written of it): the
+            # head goes now, at the first read handed over (``run`` hands the early ones).
+            head, self._head = self._head, b""
+            self._send(head)
 
     def _send(self, framed: bytes) -> None:
         if self._gone:
@@ -242,8 +255,9 @@ class TimedRelay(BodyRelay):
         *,
         chunked: bool,
         capture: bytearray | None = None,
+        head: bytes = b"",
     ) -> None:
-        super().__init__(conn, client, chunked=chunked, capture=capture)
+        super().__init__(conn, client, chunked=chunked, capture=capture, head=head)
         self._timer = timer
         self._state = state
         self._sink = state.sink
@@ -290,8 +304,11 @@ class SseRelay(TimedRelay):
         chunked: bool,
         strip_usage: bool,
         capture: bytearray | None = None,
+        head: bytes = b"",
     ) -> None:
-        super().__init__(conn, client, timer, state, fmt, chunked=chunked, capture=capture)
+        super().__init__(
+            conn, client, timer, state, fmt, chunked=chunked, capture=capture, head=head
+        )
         self._cutter = EventCutter() if strip_usage else None
 
     def _start(self) -> None:
