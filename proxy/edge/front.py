@@ -133,6 +133,7 @@ class FrontConnection(Reply):
         "_got",
         "_head_deadline",
         "_hold",
+        "_loop",
         "_need",
         "_phase",
         "_read_paused",
@@ -152,6 +153,7 @@ class FrontConnection(Reply):
         self._buf = bytearray()
         self._phase = HEAD
         self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # known once the connection is made
         self._head_deadline = 0.0  # loop time by which the next request head must be in
         self._task: asyncio.Task[None] | None = None
         self._read_paused = False
@@ -196,6 +198,9 @@ class FrontConnection(Reply):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport = cast(asyncio.Transport, transport)
+        # Looked up once per connection, not per request: on Python 3.11 every
+        # get_running_loop() is a getpid() system call.
+        self._loop = asyncio.get_running_loop()
         # As aiohttp's server does: dead peers are found, and a token goes out at once
         # (no Nagle delay behind an unacknowledged one).
         tcp_keepalive(transport)
@@ -242,7 +247,7 @@ class FrontConnection(Reply):
     def _wait_for_head(self) -> None:
         # One timer per connection, not one per request: a timer still armed (from an
         # earlier wait) fires at its old time and moves itself on to this deadline.
-        loop = asyncio.get_running_loop()
+        loop = self._loop or asyncio.get_running_loop()
         self._head_deadline = deadline = loop.time() + self._front.state.config.header_timeout_s
         if self._timer is None:
             self._timer = loop.call_at(deadline, self._head_timed_out)
@@ -311,7 +316,7 @@ class FrontConnection(Reply):
                 self._feed_body(rest)
         else:
             self._move(BUSY)
-        self._task = asyncio.get_running_loop().create_task(self._serve())
+        self._task = (self._loop or asyncio.get_running_loop()).create_task(self._serve())
 
     def _feed_body(self, data: bytes) -> None:
         left = self._need - self._got

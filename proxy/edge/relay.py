@@ -191,7 +191,7 @@ class BodyRelay:
         """
         conn = self._conn
         conn.consume(self)
-        loop = asyncio.get_running_loop()
+        loop = conn.loop or asyncio.get_running_loop()
         while True:
             if self._gone:
                 return False

@@ -143,6 +143,7 @@ class UpstreamConnection(asyncio.Protocol):
         "_violation",
         "_written",
         "idle_since",
+        "loop",
         "paused",
         "received_bytes",
         "transport",
@@ -151,6 +152,8 @@ class UpstreamConnection(asyncio.Protocol):
     def __init__(self, clock: Callable[[], int]) -> None:
         self._clock = clock
         self.transport: asyncio.Transport | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        """The connection's event loop (known once it is made)."""
         self._phase = IDLE
         self._parser = httptools.HttpResponseParser(self)
         self._read_ns = 0
@@ -200,6 +203,9 @@ class UpstreamConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A stream transport (uvloop's does not subclass asyncio.Transport, but is one).
         self.transport = cast(asyncio.Transport, transport)
+        # Looked up once per connection: on Python 3.11 every get_running_loop() is a
+        # getpid() system call, which a request paid several times.
+        self.loop = asyncio.get_running_loop()
 
     def data_received(self, data: bytes) -> None:
         self._read_ns = self._clock()  # the stamp: before anything else is done with the bytes
@@ -406,7 +412,7 @@ class UpstreamConnection(asyncio.Protocol):
         if transport is None or transport.is_closing():
             self.close()
             raise DisconnectedBeforeHead("connection closed before a response")
-        loop = asyncio.get_running_loop()
+        loop = self.loop or asyncio.get_running_loop()
         waiting: asyncio.Future[None] = loop.create_future()
         self._head = waiting
         self._parser = httptools.HttpResponseParser(self)

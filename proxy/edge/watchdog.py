@@ -51,16 +51,19 @@ class Watchdogs:
     Owned by one application; it runs only while some body is watched.
     """
 
-    __slots__ = ("_handle", "_period_s", "_watched")
+    __slots__ = ("_handle", "_loop", "_period_s", "_watched")
 
     def __init__(self, period_s: float) -> None:
         self._period_s = period_s
         self._watched: dict[BodyWatchdog, None] = {}
         self._handle: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the app's, known at first watch
 
     def watch(self, body: Progress) -> BodyWatchdog:
         """Watch ``body`` until ``unwatch``: it is expired once it stops making progress."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None:  # once: on Python 3.11 each lookup is a getpid() system call
+            loop = self._loop = asyncio.get_running_loop()
         now = loop.time()
         dog = BodyWatchdog(body, now)
         self._watched[dog] = None
