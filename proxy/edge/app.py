@@ -23,8 +23,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
@@ -59,7 +59,10 @@ NO_USAGE_INJECTION = frozenset({"llama.cpp"})
 
 
 async def _read_body(client: Inbound, limit: int, timeout_s: float) -> bytes:
-    """The request body: 413 as soon as it passes ``limit`` bytes, 408 past ``timeout_s``."""
+    """The request body: 413 as soon as it passes ``limit`` bytes, 408 past ``timeout_s``
+    (a body that arrived with its head, the usual one, needs no timeout scope)."""
+    if client.body_arrived():
+        return await client.read_body(limit)
     try:
         async with asyncio.timeout(timeout_s):
             return await client.read_body(limit)
@@ -77,7 +80,9 @@ def request_id(headers: Headers) -> str:
     given = headers.get("X-Request-Id", "")
     if 0 < len(given) <= 128 and given.isascii() and given.isprintable() and " " not in given:
         return given
-    return uuid.uuid4().hex
+    # 128 random bits, as a UUID4's hex has: an id to find a request by, not a secret, so
+    # from the seeded generator (os.urandom is a getrandom() system call per request).
+    return f"{random.getrandbits(128):032x}"
 
 
 def _start_timer(

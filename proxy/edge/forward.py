@@ -137,7 +137,13 @@ async def forward(
         if timer is not None and (is_sse or decoding is Decoding.NDJSON):
             out_headers["X-Accel-Buffering"] = "no"
         status = conn.status
-        await client.start(status, conn.reason, out_headers)
+        # The front's head goes out with the body's first bytes when they were read with
+        # it (one write, not two), else at once: either way inside ``relay.run``'s first
+        # step, before anything is awaited.
+        head = client.start_held(status, conn.reason, out_headers)
+        if head is None:
+            await client.start(status, conn.reason, out_headers)
+            head = b""
         del out_headers
         started = True
         progress.status = status
@@ -150,23 +156,31 @@ async def forward(
             capture = state.tracing.capture_buffer(timer)
         relay: BodyRelay
         if timer is None or fmt is None or encoded or decoding is None:
-            relay = BodyRelay(conn, transport, chunked=chunked, capture=capture)
+            relay = BodyRelay(conn, transport, chunked=chunked, capture=capture, head=head)
         elif decoding is Decoding.SSE:
             timer.streamed = True
             relay = SseRelay(conn, transport, timer, state, fmt, chunked=chunked,
-                             strip_usage=injected, capture=capture)  # fmt: skip
+                             strip_usage=injected, capture=capture, head=head)  # fmt: skip
         elif decoding is Decoding.NDJSON:
             timer.streamed = True
             relay = NdjsonRelay(conn, transport, timer, state, fmt, chunked=chunked,
-                                capture=capture)  # fmt: skip
+                                capture=capture, head=head)  # fmt: skip
         else:
-            relay = JsonRelay(conn, transport, timer, state, fmt, chunked=chunked, capture=capture)
-        del transport
+            relay = JsonRelay(conn, transport, timer, state, fmt, chunked=chunked,
+                              capture=capture, head=head)  # fmt: skip
+        del transport, head
         # A body is cut (outcome timeout) after --max-stream-duration, or by the
-        # watchdog once it falls silent.
-        limit = cfg.max_stream_duration_s or None
-        async with asyncio.timeout(limit) as deadline, state.watchdogs.watch(relay, deadline):
-            complete = await relay.run(client)
+        # watchdog once it falls silent (which expires the relay: no scope of its own).
+        limit = cfg.max_stream_duration_s
+        dog = state.watchdogs.watch(relay)
+        try:
+            if limit:
+                async with asyncio.timeout(limit):
+                    complete = await relay.run(client)
+            else:
+                complete = await relay.run(client)
+        finally:
+            state.watchdogs.unwatch(dog)
         if not complete:
             if _answered(timer):
                 drain = True
@@ -283,8 +297,13 @@ async def _send(
         if timer is not None:
             timer.forwarded(state.clock())
         try:
-            async with asyncio.timeout(state.config.read_timeout_s):
-                await conn.send(head, body, client.interim, head_only=client.method == "HEAD")
+            await conn.send(
+                head,
+                body,
+                client.interim,
+                head_only=client.method == "HEAD",
+                timeout_s=state.config.read_timeout_s,
+            )
         except (DisconnectedBeforeHead, ResetBeforeHead) as exc:
             conn.close()
             # A pooled keep-alive connection the backend had already closed (llama.cpp

@@ -131,7 +131,9 @@ class FrontConnection(Reply):
         "_buf",
         "_front",
         "_got",
+        "_head_deadline",
         "_hold",
+        "_loop",
         "_need",
         "_phase",
         "_read_paused",
@@ -151,6 +153,8 @@ class FrontConnection(Reply):
         self._buf = bytearray()
         self._phase = HEAD
         self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # known once the connection is made
+        self._head_deadline = 0.0  # loop time by which the next request head must be in
         self._task: asyncio.Task[None] | None = None
         self._read_paused = False
         self._body_waiter: asyncio.Future[None] | None = None
@@ -194,6 +198,9 @@ class FrontConnection(Reply):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport = cast(asyncio.Transport, transport)
+        # Looked up once per connection, not per request: on Python 3.11 every
+        # get_running_loop() is a getpid() system call.
+        self._loop = asyncio.get_running_loop()
         # As aiohttp's server does: dead peers are found, and a token goes out at once
         # (no Nagle delay behind an unacknowledged one).
         tcp_keepalive(transport)
@@ -238,11 +245,12 @@ class FrontConnection(Reply):
     # Reading requests
 
     def _wait_for_head(self) -> None:
-        self._cancel_timer()
-        loop = asyncio.get_running_loop()
-        self._timer = loop.call_later(
-            self._front.state.config.header_timeout_s, self._head_timed_out
-        )
+        # One timer per connection, not one per request: a timer still armed (from an
+        # earlier wait) fires at its old time and moves itself on to this deadline.
+        loop = self._loop or asyncio.get_running_loop()
+        self._head_deadline = deadline = loop.time() + self._front.state.config.header_timeout_s
+        if self._timer is None:
+            self._timer = loop.call_at(deadline, self._head_timed_out)
         if self._read_paused and self._transport is not None:
             self._read_paused = False
             self._transport.resume_reading()
@@ -251,9 +259,15 @@ class FrontConnection(Reply):
 
     def _head_timed_out(self) -> None:
         self._timer = None
-        if self._phase == HEAD and self._transport is not None:
-            self._go()
-            self._transport.close()
+        if self._phase != HEAD or self._transport is None:
+            return  # a request is being read or served: the next wait arms the timer again
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._head_deadline:
+            # A later wait moved the deadline (this timer was armed for an earlier one).
+            self._timer = loop.call_at(self._head_deadline, self._head_timed_out)
+            return
+        self._go()
+        self._transport.close()
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:
@@ -279,7 +293,7 @@ class FrontConnection(Reply):
             self._hand_off()
             return
         del buf[:size]
-        self._cancel_timer()
+        # The header timer stays armed: it finds the request being served when it fires.
         self.method, self.path, self.target = got.method, got.path, got.target
         self.headers = got.headers
         self._close_after = not got.keep_alive
@@ -302,7 +316,7 @@ class FrontConnection(Reply):
                 self._feed_body(rest)
         else:
             self._move(BUSY)
-        self._task = asyncio.get_running_loop().create_task(self._serve())
+        self._task = (self._loop or asyncio.get_running_loop()).create_task(self._serve())
 
     def _feed_body(self, data: bytes) -> None:
         left = self._need - self._got
@@ -374,6 +388,10 @@ class FrontConnection(Reply):
     def forget_headers(self) -> None:
         """The request headers are not read again: let them go while the body streams."""
         self.headers = _NO_HEADERS
+
+    def body_arrived(self) -> bool:
+        """The head's ``Content-Length`` bytes were all read."""
+        return self._phase != BODY
 
     async def read_body(self, limit: int) -> bytes:
         """The whole request body; ``Refused``: 413 past ``limit`` bytes, 503 over budget."""

@@ -7,8 +7,6 @@ here logs or records them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from proxy.core.labels import CREDENTIAL_HEADERS
@@ -57,13 +55,18 @@ def _connection_listed(headers: Headers) -> frozenset[str]:
     return frozenset(listed)
 
 
-def _filtered(headers: Headers, drop: Iterable[str]) -> CIMultiDict[str]:
-    skip = HOP_BY_HOP | _connection_listed(headers) | frozenset(drop)
-    out: CIMultiDict[str] = CIMultiDict()
-    for k, v in headers.items():
-        if k.lower() not in skip:
-            out.add(k, v)
-    return out
+# What each direction drops, built once (a header the ``Connection`` header names is added
+# per message, only when there is one).
+_REQUEST_SKIP = HOP_BY_HOP | _REQUEST_DROP
+_REQUEST_SKIP_UNTRUSTED = _REQUEST_SKIP | FORWARDING
+_RESPONSE_SKIP = HOP_BY_HOP
+_RESPONSE_SKIP_LENGTH = HOP_BY_HOP | _RESPONSE_DROP
+
+
+def _filtered(headers: Headers, skip: frozenset[str]) -> CIMultiDict[str]:
+    if "Connection" in headers:
+        skip = skip | _connection_listed(headers)
+    return CIMultiDict([(k, v) for k, v in headers.items() if k.lower() not in skip])
 
 
 def upstream_request_headers(
@@ -82,7 +85,7 @@ def upstream_request_headers(
     not to compress (observed routes: a token stream must be readable to be
     timed, and compressing it defeats streaming).
     """
-    out = _filtered(headers, _REQUEST_DROP if trust else _REQUEST_DROP | FORWARDING)
+    out = _filtered(headers, _REQUEST_SKIP if trust else _REQUEST_SKIP_UNTRUSTED)
     if client_ip:
         prior = headers.get("X-Forwarded-For") if trust else None
         out["X-Forwarded-For"] = f"{prior}, {client_ip}" if prior else client_ip
@@ -98,4 +101,4 @@ def client_response_headers(headers: Headers, *, keep_length: bool) -> CIMultiDi
 
     ``Content-Length`` is kept only when the body goes through unchanged.
     """
-    return _filtered(headers, () if keep_length else _RESPONSE_DROP)
+    return _filtered(headers, _RESPONSE_SKIP if keep_length else _RESPONSE_SKIP_LENGTH)

@@ -86,6 +86,10 @@ class Inbound(Protocol):
         """The request headers are not read again: let them go while the body streams."""
         ...
 
+    def body_arrived(self) -> bool:
+        """The whole request body is here already: ``read_body`` cannot wait for it."""
+        ...
+
     async def read_body(self, limit: int) -> bytes:
         """The whole request body; ``Refused``: 413 past ``limit`` bytes, 503 over budget."""
         ...
@@ -106,6 +110,12 @@ class Inbound(Protocol):
 
     async def start(self, status: int, reason: str, headers: CIMultiDict[str]) -> None:
         """Send the response head (``Content-Length`` in ``headers`` means not chunked)."""
+        ...
+
+    def start_held(self, status: int, reason: str, headers: CIMultiDict[str]) -> bytes | None:
+        """Start the response as ``start`` does but without writing its head: its bytes,
+        for whoever writes the body's first bytes (in the same write, before any await);
+        ``None`` when this client cannot (then ``start``)."""
         ...
 
     async def write(self, data: bytes) -> None:
@@ -170,6 +180,10 @@ class AiohttpInbound:
     def forget_headers(self) -> None:
         """Nothing to let go: the aiohttp request keeps its headers anyway."""
 
+    def body_arrived(self) -> bool:
+        """Not known without reading: ``read_body`` may wait."""
+        return False
+
     async def read_body(self, limit: int) -> bytes:
         """The whole request body; ``Refused``: 413 past ``limit`` bytes, 503 over budget.
 
@@ -227,6 +241,10 @@ class AiohttpInbound:
         self.chunked = bool(getattr(writer, "chunked", False))
         self._writer = resp
         self._stream = writer
+
+    def start_held(self, status: int, reason: str, headers: CIMultiDict[str]) -> bytes | None:
+        """aiohttp writes its head itself: ``start``."""
+        return None
 
     async def write(self, data: bytes) -> None:
         """Send body bytes, waiting while the client's buffer is full (``ConnectionError``)."""

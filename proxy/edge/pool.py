@@ -33,11 +33,10 @@ def request_head(
     method: str, target: str, host: str, headers: CIMultiDict[str], length: int
 ) -> bytes:
     """The request line and headers: ``Host`` and ``Content-Length`` are the hop's own."""
-    lines = [f"{method} {target} HTTP/1.1", f"Host: {host}"]
-    lines.extend(f"{k}: {v}" for k, v in headers.items())
+    fields = "".join([f"{k}: {v}\r\n" for k, v in headers.items()])
     if length or method in ("POST", "PUT", "PATCH"):
-        lines.append(f"Content-Length: {length}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        fields += f"Content-Length: {length}\r\n"
+    return f"{method} {target} HTTP/1.1\r\nHost: {host}\r\n{fields}\r\n".encode("latin-1")
 
 
 class UpstreamPool:

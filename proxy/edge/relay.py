@@ -80,8 +80,10 @@ class BodyRelay:
         "_client",
         "_conn",
         "_error",
+        "_expired",
         "_finished",
         "_gone",
+        "_head",
         "_high",
         "_pending",
         "_waiter",
@@ -95,24 +97,28 @@ class BodyRelay:
         *,
         chunked: bool,
         capture: bytearray | None = None,
+        head: bytes = b"",
     ) -> None:
         self._conn = conn
         self._client = client
         self._chunked = chunked
+        self._head = head  # the response head, written with the body's first bytes
         self._capture = capture
         self._high = client.get_write_buffer_limits()[1]
         self._waiter: asyncio.Future[None] | None = None
         self._finished = False
         self._gone = False
         self._error: UpstreamError | None = None
+        self._expired = False
         self._wrote = False  # this read's first piece went out already
         self._pending: list[bytes] | None = None  # this read's later pieces, framed
 
     def write(self, data: bytes) -> None:
         """Send ``data`` to the client (framed as one chunk when the response is chunked).
 
-        The read's first piece goes now; later pieces of the same read go together
-        when it is done (``read_done``): one write for them, not one each.
+        The read's first piece goes now (after the response head, the first time:
+        one write for both); later pieces of the same read go together when it is done
+        (``read_done``): one write for them, not one each.
         """
         if not data or self._gone:
             return
@@ -122,6 +128,10 @@ class BodyRelay:
             capture += data[: CAPTURE_BYTES - len(capture)]
         if not self._wrote:
             self._wrote = True
+            head = self._head
+            if head:
+                self._head = b""
+                framed = head + framed
             self._send(framed)
         elif self._pending is None:
             self._pending = [framed]
@@ -135,6 +145,11 @@ class BodyRelay:
         if pending is not None:
             self._pending = None
             self._send(pending[0] if len(pending) == 1 else b"".join(pending))
+        elif self._head:
+            # Nothing of the body came with the head (or nothing was written of it): the
+            # head goes now, at the first read handed over (``run`` hands the early ones).
+            head, self._head = self._head, b""
+            self._send(head)
 
     def _send(self, framed: bytes) -> None:
         if self._gone:
@@ -176,12 +191,14 @@ class BodyRelay:
         """
         conn = self._conn
         conn.consume(self)
-        loop = asyncio.get_running_loop()
+        loop = conn.loop or asyncio.get_running_loop()
         while True:
             if self._gone:
                 return False
             if self._finished:
                 break
+            if self._expired:
+                raise TimeoutError("the upstream body fell silent (--read-timeout)")
             if conn.paused:
                 try:
                     await writer.drain()
@@ -211,6 +228,17 @@ class BodyRelay:
         """The relay waits on the upstream (not on the client, not done): the watchdog's cue."""
         return not self._finished and not self._conn.paused
 
+    @property
+    def expired(self) -> bool:
+        """The watchdog found the body silent (``expire``)."""
+        return self._expired
+
+    def expire(self) -> None:
+        """The body fell silent (the watchdog): ``run`` raises ``TimeoutError`` instead of
+        waiting on (no timeout scope per request: the relay's own waiter is woken)."""
+        self._expired = True
+        self._wake()
+
 
 class TimedRelay(BodyRelay):
     """A relay that also times the body's events for ``timer``; subclasses decode ``fmt``."""
@@ -227,8 +255,9 @@ class TimedRelay(BodyRelay):
         *,
         chunked: bool,
         capture: bytearray | None = None,
+        head: bytes = b"",
     ) -> None:
-        super().__init__(conn, client, chunked=chunked, capture=capture)
+        super().__init__(conn, client, chunked=chunked, capture=capture, head=head)
         self._timer = timer
         self._state = state
         self._sink = state.sink
@@ -256,6 +285,7 @@ class SseRelay(TimedRelay):
         "_cutter",
         "_decoder",
         "_learn",
+        "_misses",
         "_oversized",
         "_rshape",
         "_rshape_tries",
@@ -274,8 +304,11 @@ class SseRelay(TimedRelay):
         chunked: bool,
         strip_usage: bool,
         capture: bytearray | None = None,
+        head: bytes = b"",
     ) -> None:
-        super().__init__(conn, client, timer, state, fmt, chunked=chunked, capture=capture)
+        super().__init__(
+            conn, client, timer, state, fmt, chunked=chunked, capture=capture, head=head
+        )
         self._cutter = EventCutter() if strip_usage else None
 
     def _start(self) -> None:
@@ -286,6 +319,7 @@ class SseRelay(TimedRelay):
         self._shape_tries = SHAPE_TRIES if self._learn is not None else 0
         self._rshape: TokenShape | None = None
         self._rshape_tries = self._shape_tries
+        self._misses = 0  # reads tried as a shape that were no output event at all
 
     def body(self, data: bytes, read_ns: int) -> None:
         """Write first (minus a usage event the proxy asked for), then time the events."""
@@ -304,8 +338,13 @@ class SseRelay(TimedRelay):
             if rshape is not None and rshape.matches(data) and decoder.skip_event(len(data)):
                 timer.reasoning(read_ns)  # the usual thinking token
                 return
-            events = decoder.feed(data)
             known = bool(timer.response_id or timer.response_model)
+            learning = (
+                known and shape is None and self._shape_tries > 0 and self._misses < SHAPE_TRIES
+            )
+            if learning and self._learned(data, read_ns):
+                return
+            events = decoder.feed(data)
             interpret = self._interpret
             infos = [interpret(ev.data, ev.event, known_ids=known) for ev in events]
         else:
@@ -320,8 +359,14 @@ class SseRelay(TimedRelay):
                 self.write(cutter.push(data, decoder.boundary_offset))
                 timer.reasoning(read_ns)
                 return
-            events = decoder.feed(data)
             known = bool(timer.response_id or timer.response_model)
+            learning = (
+                known and shape is None and self._shape_tries > 0 and self._misses < SHAPE_TRIES
+            )
+            if learning and self._learned(data, read_ns):
+                self.write(cutter.push(data, decoder.boundary_offset))
+                return
+            events = decoder.feed(data)
             interpret = self._interpret
             infos = []
             for ev in events:
@@ -343,7 +388,16 @@ class SseRelay(TimedRelay):
             for _ in range(decoder.errors - self._oversized):
                 self._sink.decoder_error(self._backend, "oversized_event")
             self._oversized = decoder.errors
-        if len(infos) == 1 and self._learn is not None:
+        if learning:
+            # Tried as a shape already (``_learned``), and it was none: that counts as the
+            # try of the kind the decoder found, or else as a miss.
+            if len(infos) == 1 and infos[0] is OUTPUT:
+                self._shape_tries -= 1
+            elif len(infos) == 1 and infos[0] is REASONING and self._rshape is None:
+                self._rshape_tries = max(0, self._rshape_tries - 1)
+            else:
+                self._misses += 1
+        elif len(infos) == 1 and self._learn is not None:
             # One plain output event in one read (``OUTPUT`` comes only once the ids are
             # known, and they stay known): the stream's usual token, perhaps. A shape is
             # kept only when it is of the kind the decoder found.
@@ -355,6 +409,34 @@ class SseRelay(TimedRelay):
                 self._rshape_tries -= 1
                 learned = self._learn(data)
                 self._rshape = learned if learned is not None and learned.reasoning else None
+
+    def _learned(self, data: bytes, read_ns: int) -> bool:
+        """Try ``data`` as the stream's usual token before decoding it (one parse, not two:
+        learning a shape parses the event whole anyway). True when it was one whole plain
+        output event, now timed, its shape kept; else nothing changed, and the read is
+        decoded the general way (``body`` counts the try).
+
+        What ``TokenShape.learn`` accepts is exactly what ``interpret`` with the ids known
+        calls a plain answer (``OUTPUT``) or reasoning (``REASONING``) event of choice 0.
+        """
+        learn = self._learn
+        assert learn is not None, "a shape is tried only where the format has one"
+        learned = learn(data)
+        if learned is None:
+            return False
+        if learned.reasoning and (self._rshape is not None or not self._rshape_tries):
+            return False
+        if not self._decoder.skip_event(len(data)):
+            return False  # not at an event boundary: the general decode reads it
+        timer = self._timer
+        if learned.reasoning:
+            self._rshape_tries -= 1
+            self._rshape = learned
+            timer.reasoning(read_ns)
+        else:
+            self._shape = learned
+            timer.output(read_ns)
+        return True
 
     def _cut(self, cutter: EventCutter, ev: SseEvent) -> None:
         state = self._state

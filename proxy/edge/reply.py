@@ -137,10 +137,19 @@ class Reply(asyncio.Protocol):
 
     async def start(self, status: int, reason: str, headers: CIMultiDict[str]) -> None:
         """Send the response head (``Content-Length`` in ``headers`` means not chunked)."""
+        head = self.start_held(status, reason, headers)
+        t = self.transport
+        if head and t is not None:
+            t.write(head)
+
+    def start_held(self, status: int, reason: str, headers: CIMultiDict[str]) -> bytes:
+        """The response head, not written: the relay sends it with the body's first bytes
+        (one write, not two, when the body's start was read with the head). Empty when
+        the client is gone."""
         self._started = True
         t = self.transport
         if t is None or t.is_closing():
-            return
+            return b""
         lines = [f"HTTP/1.1 {status} {reason or phrase(status)}"]
         lines.extend(f"{k}: {v}" for k, v in headers.items())
         bodiless = status < 200 or status in (204, 304)
@@ -154,7 +163,7 @@ class Reply(asyncio.Protocol):
         if self._close_after or self._draining():
             self._close_after = True
             lines.append("Connection: close")
-        t.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
     async def write(self, data: bytes) -> None:
         """Send body bytes, waiting while the client's buffer is full (``ConnectionError``)."""

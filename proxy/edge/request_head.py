@@ -57,6 +57,9 @@ SINGLETONS = frozenset(
 """Fields a request carries at most once (RFC 9110): a repeat is aiohttp's 400 (its strict
 request parser's list), so the front leaves such a request to aiohttp."""
 
+_LOOKED_AT = _NEVER_OURS | SINGLETONS
+"""Every field the rules above look at; the others are only copied."""
+
 _HOST = re.compile(r"[A-Za-z0-9\-._~%!$&'()*+,;=:\[\]]*")
 """``uri-host [ ":" port ]`` of RFC 9112 section 3.2 (RFC 3986's characters), or empty."""
 
@@ -140,20 +143,22 @@ def plain_request(head: bytes) -> PlainRequest | None:
         return None
     length = None
     seen: set[bytes] = set()
-    headers: CIMultiDict[str] = CIMultiDict()
     for name, value in got.fields:
         low = name.lower()
+        if low not in _LOOKED_AT:
+            continue
         if low in _NEVER_OURS:
             return None
-        if low in SINGLETONS:
-            if low in seen:
+        if low in seen:
+            return None
+        seen.add(low)
+        if low == b"content-length":
+            if not value.isdigit():
                 return None
-            seen.add(low)
-            if low == b"content-length":
-                if not value.isdigit():
-                    return None
-                length = int(value)
-        headers.add(name.decode("latin-1"), value.decode("latin-1"))
-    if length is None or b"host" not in seen or not valid_host(headers["Host"]):
+            length = int(value)
+    if length is None or b"host" not in seen:
+        return None
+    headers = CIMultiDict([(n.decode("latin-1"), v.decode("latin-1")) for n, v in got.fields])
+    if not valid_host(headers["Host"]):
         return None
     return PlainRequest(method, target, path, headers, length, parser.should_keep_alive())

@@ -143,6 +143,7 @@ class UpstreamConnection(asyncio.Protocol):
         "_violation",
         "_written",
         "idle_since",
+        "loop",
         "paused",
         "received_bytes",
         "transport",
@@ -151,6 +152,8 @@ class UpstreamConnection(asyncio.Protocol):
     def __init__(self, clock: Callable[[], int]) -> None:
         self._clock = clock
         self.transport: asyncio.Transport | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        """The connection's event loop (known once it is made)."""
         self._phase = IDLE
         self._parser = httptools.HttpResponseParser(self)
         self._read_ns = 0
@@ -200,6 +203,9 @@ class UpstreamConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A stream transport (uvloop's does not subclass asyncio.Transport, but is one).
         self.transport = cast(asyncio.Transport, transport)
+        # Looked up once per connection: on Python 3.11 every get_running_loop() is a
+        # getpid() system call, which a request paid several times.
+        self.loop = asyncio.get_running_loop()
 
     def data_received(self, data: bytes) -> None:
         self._read_ns = self._clock()  # the stamp: before anything else is done with the bytes
@@ -386,10 +392,18 @@ class UpstreamConnection(asyncio.Protocol):
         return True
 
     async def send(
-        self, head: bytes, body: bytes, interim: Interim | None = None, *, head_only: bool = False
+        self,
+        head: bytes,
+        body: bytes,
+        interim: Interim | None = None,
+        *,
+        head_only: bool = False,
+        timeout_s: float | None = None,
     ) -> None:
         """Write a request and wait for the final response head (``IDLE`` only); interim
-        responses meanwhile go to ``interim``. ``head_only``: the request is HEAD."""
+        responses meanwhile go to ``interim``. ``head_only``: the request is HEAD.
+        ``timeout_s``: ``TimeoutError`` when no head came in that many seconds (one timer
+        handle on the head's future, cheaper than a timeout scope around the call)."""
         if self._phase != IDLE:
             if self._phase == CLOSED:
                 raise DisconnectedBeforeHead("connection closed before a response")
@@ -398,8 +412,9 @@ class UpstreamConnection(asyncio.Protocol):
         if transport is None or transport.is_closing():
             self.close()
             raise DisconnectedBeforeHead("connection closed before a response")
-        loop = asyncio.get_running_loop()
-        self._head = loop.create_future()
+        loop = self.loop or asyncio.get_running_loop()
+        waiting: asyncio.Future[None] = loop.create_future()
+        self._head = waiting
         self._parser = httptools.HttpResponseParser(self)
         self._reason = b""
         self._headers = CIMultiDict()
@@ -415,9 +430,12 @@ class UpstreamConnection(asyncio.Protocol):
         self.received_bytes = 0
         self._move(HEAD)
         transport.write(head + body if body else head)
+        late = None if timeout_s is None else loop.call_later(timeout_s, _head_late, waiting)
         try:
-            await self._head
+            await waiting
         finally:
+            if late is not None:
+                late.cancel()
             self._head = None  # answered (or given up on): not kept while the body streams
             self._interim_to = None
 
@@ -476,6 +494,13 @@ class UpstreamConnection(asyncio.Protocol):
         else:
             self._end(error)
         self.close()
+
+
+def _head_late(head: asyncio.Future[None]) -> None:
+    """``--read-timeout`` passed with no response head: the waiting request gets
+    ``TimeoutError`` (the 504 of ``proxy.edge.forward``)."""
+    if not head.done():
+        head.set_exception(TimeoutError())
 
 
 class _Violation(Exception):

@@ -7,21 +7,20 @@ all of them (``Watchdogs``), and the hot path pays nothing per read. A look
 that finds bytes arrived since the last one, or nobody waiting for them (a
 slow client: the relay waits on the client's socket and reading is paused on
 purpose), marks the body alive. A look that finds the relay still waiting for
-upstream bytes two periods or more after that mark expires the body's timeout
-at once, and the relay gets ``TimeoutError``: outcome ``timeout``, the client's
-stream is cut. A silence is cut between 2x and 3x the read timeout after the
-last byte.
+upstream bytes two periods or more after that mark expires the body (its
+``expire``) at once, and the relay gets ``TimeoutError``: outcome ``timeout``,
+the client's stream is cut. A silence is cut between 2x and 3x the read
+timeout after the last byte.
 
 One timer for all streams, not one each: a timer handle per open stream was
-half a KiB (memory per open stream), and the timeout watched holds no
-deadline of its own until it fires.
+half a KiB (memory per open stream). And no timeout scope per stream either:
+the body itself is expired (a scope cost every request its entry and exit).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from types import TracebackType
 from typing import Protocol
 
 log = logging.getLogger("tokenstamp.proxy")
@@ -38,6 +37,13 @@ class Progress(Protocol):
     def waiting_for_data(self) -> bool:
         """The relay is blocked on the upstream right now (not on the client, not done)."""
 
+    @property
+    def expired(self) -> bool:
+        """The body was expired already (``expire``)."""
+
+    def expire(self) -> None:
+        """The body fell silent: the relay waiting for it gets ``TimeoutError``."""
+
 
 class Watchdogs:
     """The one timer that looks at every body being relayed, once per ``period_s``.
@@ -45,32 +51,36 @@ class Watchdogs:
     Owned by one application; it runs only while some body is watched.
     """
 
-    __slots__ = ("_handle", "_period_s", "_watched")
+    __slots__ = ("_handle", "_loop", "_period_s", "_watched")
 
     def __init__(self, period_s: float) -> None:
         self._period_s = period_s
         self._watched: dict[BodyWatchdog, None] = {}
         self._handle: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the app's, known at first watch
 
-    def watch(self, body: Progress, timeout: asyncio.Timeout) -> BodyWatchdog:
-        """An async context manager: ``timeout`` expires once ``body`` stops making progress."""
-        return BodyWatchdog(self, body, timeout)
-
-    def __len__(self) -> int:
-        """Bodies watched right now."""
-        return len(self._watched)
-
-    def _add(self, dog: BodyWatchdog) -> None:
+    def watch(self, body: Progress) -> BodyWatchdog:
+        """Watch ``body`` until ``unwatch``: it is expired once it stops making progress."""
+        loop = self._loop
+        if loop is None:  # once: on Python 3.11 each lookup is a getpid() system call
+            loop = self._loop = asyncio.get_running_loop()
+        now = loop.time()
+        dog = BodyWatchdog(body, now)
         self._watched[dog] = None
         if self._handle is None:
-            loop = asyncio.get_running_loop()
-            self._handle = loop.call_at(loop.time() + self._period_s, self._look)
+            self._handle = loop.call_at(now + self._period_s, self._look)
+        return dog
 
-    def _remove(self, dog: BodyWatchdog) -> None:
+    def unwatch(self, dog: BodyWatchdog) -> None:
+        """Stop watching (the body ended, either way); the timer stops with the last body."""
         self._watched.pop(dog, None)
         if not self._watched and self._handle is not None:
             self._handle.cancel()
             self._handle = None
+
+    def __len__(self) -> int:
+        """Bodies watched right now."""
+        return len(self._watched)
 
     def _look(self) -> None:
         loop = asyncio.get_running_loop()
@@ -87,47 +97,29 @@ class Watchdogs:
 
 
 class BodyWatchdog:
-    """Expires a timeout (an ``asyncio.Timeout``) once a body stops making progress.
+    """One watched body: when a look last found it alive, and its bytes then.
 
-    An async context manager around the relay, entered inside the timeout it
-    watches: the body is watched (``Watchdogs``) from entry to exit. ``body``
-    says how many bytes arrived so far and whether the relay is blocked on the
-    upstream right now (not on the client). It is read, not wrapped: no
-    closure per stream (memory per open stream).
+    ``body`` says how many bytes arrived so far and whether the relay is
+    blocked on the upstream right now (not on the client). It is read, not
+    wrapped: no closure per stream (memory per open stream).
     """
 
-    __slots__ = ("_body", "_dogs", "_mark", "_seen", "_timeout")
+    __slots__ = ("_body", "_mark", "_seen")
 
-    def __init__(self, dogs: Watchdogs, body: Progress, timeout: asyncio.Timeout) -> None:
-        self._dogs = dogs
+    def __init__(self, body: Progress, now: float) -> None:
         self._body = body
-        self._timeout = timeout
-        self._seen = -1
-        self._mark = 0.0  # when a look last found the body alive
-
-    async def __aenter__(self) -> BodyWatchdog:
-        self._seen = self._body.received_bytes
-        self._mark = asyncio.get_running_loop().time()
-        self._dogs._add(self)
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._dogs._remove(self)
+        self._seen = body.received_bytes
+        self._mark = now  # when a look last found the body alive
 
     def silent_for(self, now: float) -> float:
         """One look: seconds since a look last found the body alive (0 when this one does)."""
         body = self._body
         total = body.received_bytes
-        if total != self._seen or not body.waiting_for_data or self._timeout.expired():
+        if total != self._seen or not body.waiting_for_data or body.expired:
             self._seen = total
             self._mark = now
         return now - self._mark
 
     def expire(self, now: float) -> None:
-        """The body fell silent: the timeout is due now, and the relay gets ``TimeoutError``."""
-        self._timeout.reschedule(now)
+        """The body fell silent: the relay gets ``TimeoutError``."""
+        self._body.expire()

@@ -51,8 +51,9 @@ _DIGITS = bytes.maketrans(b"0123456789", b"0000000000")
 """Every digit to ``0``: what may differ between two events of one shape."""
 _NOT_PLAIN = re.compile(rb'[\x00-\x1f"\\]')
 """What the output string may not hold (it would end or escape the JSON string)."""
-_RUN = re.compile(rb"[0-9]{2,}")
-"""A run of two digits or more (a match starts where the run does)."""
+_RUN_OUTSIDE = re.compile(rb'"[^"]*"?|([0-9]{2,})')
+"""A string (to its closing quote, or the end), or else a run of two digits or more: with
+no backslash about, the runs it finds in group 1 are exactly those outside strings."""
 _CONTENT = b'"content":'
 _TEXT = b'"text":'
 _REASONING_CONTENT = b'"reasoning_content":'
@@ -189,10 +190,10 @@ def _leading_digits(part: bytes, base: int, in_string: bool) -> tuple[int, ...]:
     (``in_string``: whether ``part`` starts inside one). A run that starts
     right after ``.`` or an exponent is also listed: conservative.
     """
-    # Few runs, many strings: find the runs, then count the quotes before each.
-    odd = 1 if in_string else 0
-    return tuple(
-        base + m.start()
-        for m in _RUN.finditer(part)
-        if (part.count(b'"', 0, m.start()) + odd) % 2 == 0
-    )
+    start = 0
+    if in_string:
+        start = part.find(b'"') + 1  # past the quote that closes the string it starts in
+        if start == 0:
+            return ()
+    # One pass: a string is skipped whole, a run outside one is a match of group 1.
+    return tuple(base + m.start(1) for m in _RUN_OUTSIDE.finditer(part, start) if m.lastindex)

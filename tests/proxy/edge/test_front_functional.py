@@ -207,6 +207,31 @@ async def test_an_idle_connection_is_closed_after_the_header_timeout(upstream, p
         writer.close()
 
 
+async def test_the_header_timeout_counts_from_the_last_response_not_the_first(
+    upstream, proxy_factory
+):
+    """One timer per connection: armed at the first wait, it fires at its old time while
+    a later request is served and moves itself on, so the idle time after the last
+    response is the whole --header-timeout."""
+    upstream.script = Script([(0.0, e) for e in EVENTS])
+    p = await proxy_factory(upstream.url, header_timeout_s=0.6)
+    reader, writer = await _connect(p)
+    loop = asyncio.get_running_loop()
+    try:
+        for _ in range(3):  # past the first timer's time, kept alive all along
+            writer.write(_post())
+            status, _, _ = await _response(reader)
+            assert status == b"HTTP/1.1 200 OK"
+            await asyncio.sleep(0.35)
+        writer.write(_post())
+        await _response(reader)
+        idle_from = loop.time()
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        assert 0.5 < loop.time() - idle_from < 3
+    finally:
+        writer.close()
+
+
 async def test_a_declared_body_over_the_limit_is_refused_and_the_connection_closed(
     upstream, proxy_factory
 ):

@@ -9,22 +9,34 @@ from proxy.edge.watchdog import Watchdogs
 
 
 class _Body:
-    """A body being relayed, as the watchdog reads it (the relay's two properties)."""
+    """A body being relayed, as the watchdog reads it (the relay's progress and expiry)."""
 
     def __init__(self) -> None:
         self.received_bytes = 0
         self.waiting_for_data = True
+        self.expired = False
+        self.cut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def expire(self) -> None:
+        self.expired = True
+        if not self.cut.done():
+            self.cut.set_result(None)
 
 
 async def _relay(dogs: Watchdogs, body: _Body, trickle_s: float | None, last_byte: list[float]):
-    """Wait inside a watched timeout; bytes arrive every ``trickle_s`` (None: never)."""
+    """Wait while watched, as a relay does; bytes arrive every ``trickle_s`` (None: never)."""
     loop = asyncio.get_running_loop()
     last_byte.append(loop.time())
-    async with asyncio.timeout(None) as deadline, dogs.watch(body, deadline):
+    dog = dogs.watch(body)
+    try:
         while True:
-            await asyncio.sleep(trickle_s if trickle_s is not None else 3600)
+            done, _ = await asyncio.wait({body.cut}, timeout=trickle_s or 3600)
+            if done:
+                raise TimeoutError("expired by the watchdog")
             body.received_bytes += 1
             last_byte[-1] = loop.time()
+    finally:
+        dogs.unwatch(dog)
 
 
 async def test_one_timer_cuts_the_silent_body_only_after_two_periods_of_silence():
@@ -62,19 +74,26 @@ class _BrokenBody:
     """A body whose progress cannot be read (after entry)."""
 
     received_bytes = 0
+    expired = False
 
     @property
     def waiting_for_data(self) -> bool:
         raise RuntimeError("progress unknown")
 
+    def expire(self) -> None:
+        raise AssertionError("never found silent: its look fails")
+
 
 async def test_a_body_whose_look_fails_does_not_stop_the_watch_over_the_others(caplog):
     dogs = Watchdogs(0.05)
     tasks = TaskSet()
-    async with asyncio.timeout(None) as deadline, dogs.watch(_BrokenBody(), deadline):
+    broken = dogs.watch(_BrokenBody())
+    try:
         silent = tasks.spawn(_relay(dogs, _Body(), None, []))  # watched after the broken one
         await asyncio.wait({silent}, timeout=1.0)
         if not silent.done():
             silent.cancel()
+    finally:
+        dogs.unwatch(broken)
     assert isinstance(silent.exception(), TimeoutError)  # cut all the same
     assert "looking at a body failed" in caplog.text
