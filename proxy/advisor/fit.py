@@ -207,7 +207,9 @@ def fit(snapshot: ObservationSnapshot) -> Fit:
     quality["chunk_size_spread_rel"] = spread
     if chunked is None:
         missing.append("a prefill seen while streams decode (to tell whether prompts are chunked)")
-    record = BackendFitRecord(snapshot.backend, rate, base, per_stream, chunk, chunked)
+    record = BackendFitRecord(
+        snapshot.backend, rate, base, per_stream, chunk, chunked, prefill_step_s=step_s
+    )
     return Fit(record, observations, quality, tuple(missing), tuple(windows), step_s)
 
 

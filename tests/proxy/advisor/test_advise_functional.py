@@ -74,6 +74,7 @@ async def test_decode_without_long_prompts_says_the_prefill_is_missing(aiohttp_s
                 metrics = await resp.text()
         assert 'tokenstamp_backend_decode_step_base_seconds{gen_ai_provider_name="vllm"' in metrics
         assert "tokenstamp_backend_prefill_rate{" not in metrics
+        assert "tokenstamp_backend_prefill_step_seconds{" not in metrics  # absent until fitted
     finally:
         await proxy.close(drain_timeout_s=1.0)
 
