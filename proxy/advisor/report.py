@@ -108,6 +108,7 @@ def advise(fitted: Fit, snapshot: ObservationSnapshot, options: AdviceOptions) -
         "fit": {
             "prefill_tokens_per_s": record.prefill_tokens_per_s,
             "prefill_step_s": fitted.prefill_step_s,
+            "prefill_context_s": fitted.prefill_context_s,
             "decode_step_s": {
                 "base": record.decode_base_s,
                 "per_stream": record.decode_per_stream_s,
@@ -202,6 +203,10 @@ def render(advice: dict[str, Any]) -> str:
         fitted.append(f"prefill {f['prefill_tokens_per_s']:,.0f} tokens/s")
     if f["prefill_step_s"]:
         fitted.append(f"{f['prefill_step_s'] * 1000:,.1f} ms a prefill step")
+    if f["prefill_context_s"]:
+        fitted.append(
+            f"+{f['prefill_context_s'] * 1e9:,.2f} us a token per 1,000 tokens of context"
+        )
     if f["chunked"] is True:
         fitted.append(f"chunk size {f['chunk_size']} in use")
     elif f["chunked"] is False:

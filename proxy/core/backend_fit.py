@@ -3,8 +3,9 @@
 Pure: a record type only. The advisor (``proxy.advisor``) fits it from the
 proxy's own observations; exporters publish it as the gauges of METRICS.md
 (``tokenstamp.backend.prefill_rate``, ``.decode_step.base``, ``.per_stream``,
-``tokenstamp.backend.prefill_step``, ``tokenstamp.backend.prefill_chunk``). A field is ``None`` while there is not
-enough data for it: its gauge is then absent, never a made-up number.
+``tokenstamp.backend.prefill_step``, ``tokenstamp.backend.prefill_chunk``). A field is
+``None`` while there is not enough data for it: its gauge is then absent, never a
+made-up number.
 """
 
 from __future__ import annotations
