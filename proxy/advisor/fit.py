@@ -421,14 +421,16 @@ def _context_points(
 
     A split window's pieces are used when their count is what ``chunk`` gives its prompt
     (then the j-th one has ``j x chunk`` tokens before it); an unsplit window is one step.
-    Windows measured alone (an idle backend) only when no other is there, as for the step
-    line.
+    A window measured alone (from its first token) is one step too when prompts are not
+    split (else it is several, whose costs its first token cannot tell apart).
     """
     points: list[StepPoint] = []
     totals: list[WindowTotal] = []
     for w in windows:
         totals.append(WindowTotal(w.prompt_tokens, _steps(w.prompt_tokens, chunk), w.excess_s))
         if w.alone:
+            if chunk is None:
+                points.append(StepPoint(w.prompt_tokens, 0, w.excess_s))
             continue
         if w in split:
             k = _steps(w.prompt_tokens, chunk)
@@ -439,8 +441,6 @@ def _context_points(
                 points.append(StepPoint(tokens, j * chunk, y))
         else:
             points.append(StepPoint(w.prompt_tokens, 0, w.excess_s))
-    if not points:
-        points = [StepPoint(w.prompt_tokens, 0, w.excess_s) for w in windows if w.alone]
     return points, totals
 
 

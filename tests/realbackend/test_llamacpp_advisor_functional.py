@@ -36,8 +36,9 @@ pytestmark = [pytest.mark.realbackend, pytest.mark.timeout(240)]
 STREAMS = 8
 LONG = 1200
 """The measured long prompt (at 512: three pieces of 504)."""
-FIT_PROMPTS = [1200, 800, 600]
-"""The long prompts the advisor fits from, one at a time."""
+FIT_PROMPTS = [1200, 800, 600, 900]
+"""The long prompts the advisor fits from, one at a time (four sizes: unsplit, they tell a
+context term from the rate with a residual to judge it by)."""
 PREFILL_S_PER_TOKEN = 1 / 250
 """About what this CPU takes per prompt token (sizes the streams, not a tolerance)."""
 TOLERANCE = 0.25
@@ -177,6 +178,9 @@ def _table(
         f"prefill {fit['prefill_tokens_per_s']:.0f} tokens/s, "
         f"{fit['prefill_step_s'] * 1e3:.0f} ms a prefill step, chunk {fit['chunk_size']}"
         + (f" ({fit['observations']['prefill_step_note']})" if fit["prefill_step_s"] == 0 else ""),
+        f"context term {fit['prefill_context_s'] * 1e9:.2f} us a token per 1,000 of context: "
+        f"{fit['observations']['prefill_context_note']}",
+        f"range seen {fit['range']}; row extrapolation {row['extrapolation']}",
         f"{row['prompt_tokens']}-token prompt, {STREAMS} streams, chunk {row['chunk_size']}: "
         f"worst gap predicted {row['worst_gap_s'] * 1e3:.0f} ms / measured "
         f"{worst_s * 1e3:.0f} ms ({err:+.0%}); stalls per stream predicted "

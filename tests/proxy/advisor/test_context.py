@@ -233,3 +233,34 @@ def test_the_json_and_the_printed_report_carry_the_term():
     assert f["quality"]["prefill_context_stderr"] >= 0
     text = render(advice)
     assert "a token per 1,000 tokens of context" in text
+
+
+def test_the_range_the_fit_saw_and_the_extrapolated_rows():
+    model = StepModel()
+    obs = drive(model, CHUNKED)
+    fitted = fit(obs.snapshot())
+    options = AdviceOptions(0.2, 4000, 8, chunk_sizes=(512, 700, 1024, None))
+    advice = advise(fitted, obs.snapshot(), options, None)
+    assert advice["fit"]["range"] == {
+        "prompt_tokens": [2600, 5300],
+        "streams": [1, 12],
+        "step_tokens": [300, 700],  # pieces of 700 and the remainders
+    }
+    rows = {r["chunk_size"]: r["extrapolation"] for r in advice["table"]}
+    assert rows[700] == []
+    assert rows[512] == []  # smaller steps than seen, but not below the smallest
+    assert rows[1024] == ["steps of up to 1,024 prompt tokens, 700 at most seen"]
+    assert rows[None] == ["steps of up to 4,000 prompt tokens, 700 at most seen"]
+    assert advice["engine"]["name"] == "llama.cpp"  # the label, with no probe
+    assert advice["engine"]["probe_error"] == "not asked yet"
+    text = render(advice)
+    assert "fitted on prompts of 2,600-5,300 tokens, 1-12 streams decoding" in text
+    assert "   1024*" in text
+    assert "700*" not in text  # within range: no mark
+    assert "* none: extrapolated (steps of up to 4,000 prompt tokens, 700 at most seen)" in text
+    far = advise(fitted, obs.snapshot(), AdviceOptions(0.2, 9000, 30, chunk_sizes=(700,)), None)
+    (row,) = far["table"]
+    assert row["extrapolation"] == [
+        "9,000 prompt tokens, outside the 2,600-5,300 seen",
+        "30 streams decoding, outside the 1-12 seen",
+    ]
