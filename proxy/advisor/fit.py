@@ -4,7 +4,8 @@ Pure: no clock, no framework. The model (the linear form of Sarathi-Serve's and
 BLIS's step models)::
 
     step_s = base + per_stream x decoding streams
-             + (prefill_step + prefill tokens in the step / rate, if it carries prefill)
+             + (prefill_step + x / rate + context x (L x + x^2 / 2), if it carries a
+                piece of x prompt tokens after L of the same prompt)
 
 - **Decode step** (``base``, ``per_stream``): the median clean decode gap at each
   number of decoding streams, fitted by weighted least squares over the counts
@@ -31,14 +32,18 @@ BLIS's step models)::
   long prompt makes them) it is 0, the rate is fitted through the origin as
   above, and ``observations["prefill_step_note"]`` says why. Kept, the chunk
   is ``(full piece - prefill_step) x rate``.
+- **Context term** (``context``): attention makes later pieces of a prompt dearer;
+  fitted on each prefill step at the context it had, kept only where the steps tell it
+  from 0 (``proxy.advisor.context``). Kept, the chunk is found again as the size whose
+  steps it explains best; ``observations["prefill_context_note"]`` says why either way.
 - **Chunk size**: the number of steps with a clear excess tells how many
   pieces one prompt took. One step: the prompt was not split (chunk at least
   that big). Several: ``chunk = rate x (excess of a full piece)``; each such
   window also bounds it, ``P / k <= chunk < P / (k - 1)``, and the estimate is
   clamped into the bounds all windows agree on.
 
-Where it stops holding: attention cost that grows with context length (long
-conversations make later steps dearer), a token budget shared by decode and
+Where it stops holding: attention over context the fit does not see (a cached prefix,
+the decoding streams' own growing contexts), a token budget shared by decode and
 prefill (vLLM's ``max_num_batched_tokens`` counts each decoding stream as one
 token: the prompt piece is budget minus streams), speculative decoding or
 stream intervals (several tokens per event), prefix caching the proxy cannot see,
