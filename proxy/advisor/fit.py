@@ -376,12 +376,12 @@ def _window_fit(window: WindowObservation, prompt_tokens: int, decode: Fit) -> W
 
 
 def _fit_chunk(
-    windows: list[WindowFit], rate: float, step_s: float, context_s: float = 0.0
+    windows: list[WindowFit], rate: float, step_s: float
 ) -> tuple[int | None, bool | None, float | None, int | None, int]:
     """(chunk size, chunked?, spread of the estimates, largest unsplit prompt, split windows).
 
-    A full piece costs ``step_s + chunk / rate``; with a context term, the first piece
-    (nothing before it in context) costs ``step_s + chunk / rate + context_s x chunk^2 / 2``.
+    A full piece costs ``step_s + chunk / rate`` (with a context term, ``_chunk_by_pieces``
+    finds it again).
     """
     seen = [w for w in windows if not w.alone and w.pieces >= 1]
     if not seen:
@@ -396,7 +396,7 @@ def _fit_chunk(
     largest_unsplit = max(unsplit) if unsplit else None
     if not split:
         return None, False, None, largest_unsplit, 0
-    estimates = [_piece_tokens(w, rate, step_s, context_s) for w in split]
+    estimates = [(w.full_piece_s - step_s) * rate for w in split]
     chunk = max(1.0, statistics.median(estimates))
     spread = _rms([(e - chunk) / chunk for e in estimates])
     low, high = 1.0, math.inf
@@ -408,15 +408,6 @@ def _fit_chunk(
     if low < high:
         chunk = min(max(chunk, low), math.nextafter(high, 0))
     return round(chunk), True, spread, largest_unsplit, len(split)
-
-
-def _piece_tokens(w: WindowFit, rate: float, step_s: float, context_s: float) -> float:
-    """The tokens of a full piece of split window ``w``."""
-    if context_s <= 0 or not w.piece_s:
-        return (w.full_piece_s - step_s) * rate
-    # The first piece: context_s x^2 / 2 + x / rate - (excess - step_s) = 0.
-    inv_rate, y = 1.0 / rate, max(0.0, w.piece_s[0] - step_s)
-    return (math.sqrt(inv_rate * inv_rate + 2 * context_s * y) - inv_rate) / context_s
 
 
 def _context_points(
