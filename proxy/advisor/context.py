@@ -22,7 +22,7 @@ the note says which failed:
 - it matters: over the longest prompt seen it adds at least
   ``CONTEXT_MIN_SHARE`` of that prompt's modelled prefill time;
 - it explains the windows' telescoped totals better than the model without it
-  (their relative RMS residual is lower).
+  (their RMS residual, relative to their RMS, is lower).
 
 A fixed cost per prefill step comes back with it only when it is itself
 ``CONTEXT_SIGNIFICANCE`` standard errors above 0 in the joint fit.
@@ -103,13 +103,14 @@ def total_s(step_s: float, inv_rate: float, context_s: float, tokens: int, steps
 def totals_residual(
     totals: list[WindowTotal], step_s: float, inv_rate: float, context_s: float
 ) -> float:
-    """Relative RMS of the windows' totals about the model."""
-    rel = [
-        (t.excess_s - total_s(step_s, inv_rate, context_s, t.tokens, t.steps)) / t.excess_s
-        for t in totals
-        if t.excess_s > 0
-    ]
-    return math.sqrt(sum(r * r for r in rel) / len(rel)) if rel else 0.0
+    """RMS of the windows' totals about the model, relative to their RMS: a long prompt
+    weighs more than a short one (the fit is for long prompts; a short one's total is
+    mostly jitter), unlike the mean of each window's relative error."""
+    sq = sum(
+        (t.excess_s - total_s(step_s, inv_rate, context_s, t.tokens, t.steps)) ** 2 for t in totals
+    )
+    norm = sum(t.excess_s**2 for t in totals)
+    return math.sqrt(sq / norm) if norm > 0 else 0.0
 
 
 def fit_context(

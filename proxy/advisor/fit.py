@@ -56,7 +56,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from proxy.advisor.context import StepPoint, WindowTotal, fit_context
+from proxy.advisor.context import StepPoint, WindowTotal, fit_context, total_s
 from proxy.advisor.observations import ObservationSnapshot, WindowObservation
 from proxy.advisor.regression import least_squares
 from proxy.core.backend_fit import BackendFitRecord
@@ -238,16 +238,16 @@ def fit(snapshot: ObservationSnapshot) -> Fit:
     quality["prefill_context_residual_rel"] = context.residual_rel
     quality["prefill_context_residual_without_rel"] = context.residual_without_rel
     rate = 1.0 / inv_rate
-    quality["prefill_residual_rel"] = (
-        context.residual_rel
-        if context.kept
-        else _rms(
-            [
-                (w.excess_s - _steps(w.prompt_tokens, chunk) * step_s - w.prompt_tokens * inv_rate)
-                / w.excess_s
-                for w in usable
-            ]
-        )
+    c_s = context.context_s
+    quality["prefill_residual_rel"] = _rms(
+        [
+            (
+                w.excess_s
+                - total_s(step_s, inv_rate, c_s, w.prompt_tokens, _steps(w.prompt_tokens, chunk))
+            )
+            / w.excess_s
+            for w in usable
+        ]
     )
     observations["prefill_windows_chunked"] = n_split
     observations["largest_unsplit_prompt_tokens"] = largest_unsplit
