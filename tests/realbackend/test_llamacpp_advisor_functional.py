@@ -95,6 +95,8 @@ async def _measured_run(proxy: RecordedProxy, prompts: Prompts) -> tuple[float, 
     """8 streams, one long prompt: (median over streams of the worst gap in its window, median
     stalls per stream, its prompt tokens)."""
     step_s = await _decode_step_s(proxy, prompts)
+    # Beside the fit run's: how much the machine's speed moved between the two.
+    print(f"\nmeasured run: one-stream step {step_s * 1e3:.1f} ms")
     connector = aiohttp.TCPConnector(limit=0)
     text = prompts.text(LONG)
     async with aiohttp.ClientSession(connector=connector) as session:
