@@ -5,13 +5,17 @@ the advisor's row for 512 must match a measured 512 run within 25%: its worst
 gap, and the number of stalls the long prompt causes in each stream; and the
 other way round (fitted at 512, the unchunked row against a 2048 run).
 
-Where the 25% come from: on CPU a prompt piece costs more the more context is
-already in the KV cache (attention), which the linear model averages out; and
-llama.cpp's ``n_batch`` holds the streams' decode tokens too, so a 512 step
-carries 504 prompt tokens with 8 streams decoding (the advisor's chunk is the
-prompt piece; 1.6% here). The fit prompts come in three sizes: at 512 their
-last pieces (204, 308, 108 tokens) tell a fixed cost per prefill step from the
-rate; two sizes (1212 and 812 tokens: 3 and 2 pieces) leave the two confounded.
+Where the 25% come from: llama.cpp's ``n_batch`` holds the streams' decode tokens
+too, so a 512 step carries 504 prompt tokens with 8 streams decoding (the
+advisor's chunk is the prompt piece; 1.6% here); on CPU a prompt piece costs more
+the more context is already in the KV cache (attention), which the advisor's
+context term takes up where the steps tell it from 0; and, the most, the shared
+2-core machine's speed moving between the fit and the measured run (both print
+their one-stream decode step: it moved by up to 70% between the two here). The
+fit prompts come in four sizes: unsplit, four points tell a context term from the
+rate with a residual left to judge it by; at 512 their pieces (504 and last pieces
+of 204, 308, 108 and 408 tokens, at contexts 0 to 1,008) tell a fixed cost per
+prefill step and a context term from the rate.
 """
 
 from __future__ import annotations
