@@ -112,12 +112,18 @@ def engine(
 
 def fit_range(fitted: Fit) -> dict[str, list[int] | None]:
     """What the fit saw: ``[fewest, most]`` uncached prompt tokens of the prefills it used,
-    decoding streams of the decode steps, and prompt tokens one step carried."""
+    decoding streams of the decode steps, prompt tokens one step carried, and tokens of its
+    own prompt a step's piece came after (0 for an unsplit prompt)."""
     windows = [w for w in fitted.windows if w.excess_s > 0]
     r = fitted.fit_record
     chunk = r.chunk_size if r.chunked else None
     steps = [
         p for w in windows for p in (pieces(w.prompt_tokens, chunk) if chunk else [w.prompt_tokens])
+    ]
+    befores = [
+        j * chunk if chunk else 0
+        for w in windows
+        for j in range(len(pieces(w.prompt_tokens, chunk)))
     ]
     counts = fitted.observations.get("stream_counts")
     counts = counts if isinstance(counts, list) and counts else None
@@ -126,6 +132,7 @@ def fit_range(fitted: Fit) -> dict[str, list[int] | None]:
         "prompt_tokens": [min(prompts), max(prompts)] if prompts else None,
         "streams": [min(counts), max(counts)] if counts else None,
         "step_tokens": [min(steps), max(steps)] if steps else None,
+        "context_tokens": [min(befores), max(befores)] if befores else None,
     }
 
 
@@ -145,6 +152,12 @@ def extrapolation(row: Row, seen: Mapping[str, list[int] | None]) -> list[str]:
         out.append(f"steps of up to {max(split):,} prompt tokens, {bounds[1]:,} at most seen")
     if bounds is not None and max(split) < bounds[0]:  # a small remainder alone is no matter
         out.append(f"steps of at most {max(split):,} prompt tokens, {bounds[0]:,} at least seen")
+    bounds = seen.get("context_tokens")
+    before = row.prompt_tokens - split[-1]  # the last piece comes after all the others
+    if bounds is not None and before > bounds[1]:
+        out.append(
+            f"pieces after up to {before:,} tokens of their prompt, {bounds[1]:,} at most seen"
+        )
     return out
 
 

@@ -197,6 +197,22 @@ def test_unchunked_prompts_of_several_sizes_tell_the_term():
     assert row.worst_gap_s == pytest.approx(worst_and_ttft(model, 1212, 8, 512), rel=0.03)
 
 
+def test_an_unchunked_fit_marks_every_split_row_as_extrapolated_context():
+    # Unsplit prompts show no piece after context of its own: how a piece's cost grows with
+    # the context before it (against within itself) is not seen, only assumed.
+    model = StepModel(inv_rate=1 / 250, context_s=1.5e-6, chunk=None)
+    obs = drive(model, UNCHUNKED, streams=8)
+    options = AdviceOptions(0.2, 1212, 8, chunk_sizes=(512, None))
+    advice = advise(fit(obs.snapshot()), obs.snapshot(), options, None)
+    assert advice["fit"]["range"]["context_tokens"] == [0, 0]
+    rows = {r["chunk_size"]: r["extrapolation"] for r in advice["table"]}
+    assert rows[None] == []
+    assert rows[512] == [
+        "steps of at most 512 prompt tokens, 600 at least seen",
+        "pieces after up to 1,024 tokens of their prompt, 0 at most seen",
+    ]
+
+
 def test_two_prompt_sizes_cannot_tell_the_term():
     model = StepModel(inv_rate=1 / 250, context_s=1.5e-6, chunk=None)
     fitted = fit(drive(model, [1200, 800], streams=8).snapshot())
@@ -245,6 +261,7 @@ def test_the_range_the_fit_saw_and_the_extrapolated_rows():
         "prompt_tokens": [2600, 5300],
         "streams": [1, 12],
         "step_tokens": [300, 700],  # pieces of 700 and the remainders
+        "context_tokens": [0, 4900],  # the last piece of 5,300
     }
     rows = {r["chunk_size"]: r["extrapolation"] for r in advice["table"]}
     assert rows[700] == []
@@ -263,4 +280,5 @@ def test_the_range_the_fit_saw_and_the_extrapolated_rows():
     assert row["extrapolation"] == [
         "9,000 prompt tokens, outside the 2,600-5,300 seen",
         "30 streams decoding, outside the 1-12 seen",
+        "pieces after up to 8,400 tokens of their prompt, 4,900 at most seen",
     ]
