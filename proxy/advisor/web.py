@@ -39,15 +39,19 @@ FIT_EVERY_S = 1.0
 PROBE_TIMEOUT_S = 5.0
 """Most the one engine probe of the upstream may take."""
 PROBE_RETRY_S = 30.0
-"""Seconds between two probes while the upstream does not answer one."""
+"""Seconds between two probes while the upstream cannot be reached (an HTTP answer, any
+status, is final: an upstream without ``/v1/models`` is not asked again)."""
 PROBE_BODY_MAX = 1 << 20
 """Most bytes of the probe's answer read."""
 
 
 async def probe_engine(upstream: str, timeout_s: float = PROBE_TIMEOUT_S) -> dict[str, str | None]:
     """What the upstream says it is: its ``Server`` header and ``owned_by`` / ``id`` of the
-    first model of ``GET /v1/models``; ``error`` when it could not be asked."""
-    out: dict[str, str | None] = {"server": None, "owned_by": None, "model": None, "error": None}
+    first model of ``GET /v1/models``; ``status``, the HTTP status (``None``: not reached);
+    ``error`` when it could not be asked or did not answer 200."""
+    out: dict[str, str | None] = {
+        "server": None, "owned_by": None, "model": None, "status": None, "error": None,
+    }  # fmt: skip
     url = upstream.rstrip("/") + "/v1/models"
     try:
         timeout = aiohttp.ClientTimeout(total=timeout_s)
@@ -56,6 +60,7 @@ async def probe_engine(upstream: str, timeout_s: float = PROBE_TIMEOUT_S) -> dic
             session.get(url) as resp,
         ):
             out["server"] = resp.headers.get(hdrs.SERVER)
+            out["status"] = str(resp.status)
             body = await resp.content.read(PROBE_BODY_MAX)
             if resp.status != 200:
                 out["error"] = f"GET /v1/models: HTTP {resp.status}"
@@ -123,9 +128,9 @@ class Advisor:
         while True:
             now_s = self._clock() / 1e9
             if self._upstream is not None and now_s >= next_probe_s:
-                # Asked once; again every PROBE_RETRY_S while it does not answer (a sidecar
-                # may start before its model server).
-                if self.engine is None or self.engine["error"] is not None:
+                # Asked once; again every PROBE_RETRY_S while it cannot be reached (a
+                # sidecar may start before its model server). Any HTTP answer is final.
+                if self.engine is None or self.engine["status"] is None:
                     self.engine = await probe_engine(self._upstream)
                 next_probe_s = now_s + PROBE_RETRY_S
             await asyncio.sleep(every_s)
