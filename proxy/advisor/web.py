@@ -2,10 +2,11 @@
 
 ``Advisor`` owns one ``AdvisorObservations`` per backend. Once a second (a
 background task, off the token path) it fits each backend and hands the
-fitted parameters to ``publish`` (the Prometheus gauges). Once, when that task
-starts, it asks the upstream which engine it is (``GET /v1/models``: its
-``Server`` header and the models' ``owned_by``, e.g. ``vllm``, ``llamacpp``,
-``sglang``); one request per proxy, never on a client's path. ``/advice`` fits
+fitted parameters to ``publish`` (the Prometheus gauges). The first ``/advice``
+asks the upstream which engine it is (``GET /v1/models``: its ``Server`` header
+and the models' ``owned_by``, e.g. ``vllm``, ``llamacpp``, ``sglang``): one
+request per proxy, sent only when someone asks for advice (a sidecar that is
+not asked sends nothing of its own), never on a client's path. ``/advice`` fits
 afresh and answers the JSON of ``proxy.advisor.report``: ``{"backends": [...]}``,
 status 200 also when a backend has not enough data (its ``status`` says so).
 
@@ -39,7 +40,7 @@ FIT_EVERY_S = 1.0
 PROBE_TIMEOUT_S = 5.0
 """Most the one engine probe of the upstream may take."""
 PROBE_RETRY_S = 30.0
-"""Seconds between two probes while the upstream cannot be reached (an HTTP answer, any
+"""Least seconds between two probes while the upstream cannot be reached (an HTTP answer, any
 status, is final: an upstream without ``/v1/models`` is not asked again)."""
 PROBE_BODY_MAX = 1 << 20
 """Most bytes of the probe's answer read."""
@@ -90,7 +91,7 @@ class Advisor:
         upstream: str | None = None,
     ) -> None:
         """``publish`` gets each backend's fit once a second (the gauges); ``upstream`` (its
-        base URL) is asked once which engine it is."""
+        base URL) is asked once which engine it is, at the first ``/advice``."""
         self.observations = tuple(observations)
         """One per backend."""
         self.tpot_target_s = tpot_target_s
@@ -100,6 +101,7 @@ class Advisor:
         self._upstream = upstream
         self.engine: dict[str, str | None] | None = None
         """What the upstream said it is (``probe_engine``); ``None`` until asked."""
+        self._next_probe_s = 0.0
 
     def refresh(self) -> list[tuple[Fit, ObservationSnapshot]]:
         """Fit every backend now; publish the parameters."""
@@ -121,18 +123,20 @@ class Advisor:
         opts = options if options is not None else AdviceOptions(self.tpot_target_s)
         return {"backends": [advise(f, s, opts, self.engine) for f, s in self.refresh()]}
 
+    async def ask_engine(self) -> None:
+        """Ask the upstream which engine it is, unless it answered already (any HTTP status
+        is final) or could not be reached less than ``PROBE_RETRY_S`` ago."""
+        if self._upstream is None or (self.engine is not None and self.engine["status"]):
+            return
+        now_s = self._clock() / 1e9
+        if now_s < self._next_probe_s:
+            return
+        self._next_probe_s = now_s + PROBE_RETRY_S
+        self.engine = await probe_engine(self._upstream)
+
     async def run(self, every_s: float = FIT_EVERY_S) -> None:
-        """Ask the upstream which engine it is, then fit and publish every ``every_s``
-        seconds, forever."""
-        next_probe_s = 0.0
+        """Fit and publish every ``every_s`` seconds, forever."""
         while True:
-            now_s = self._clock() / 1e9
-            if self._upstream is not None and now_s >= next_probe_s:
-                # Asked once; again every PROBE_RETRY_S while it cannot be reached (a
-                # sidecar may start before its model server). Any HTTP answer is final.
-                if self.engine is None or self.engine["status"] is None:
-                    self.engine = await probe_engine(self._upstream)
-                next_probe_s = now_s + PROBE_RETRY_S
             await asyncio.sleep(every_s)
             try:
                 self.refresh()
@@ -208,6 +212,7 @@ async def _advice(request: web.Request) -> web.Response:
         options = options_from_query(request.query, advisor.tpot_target_s)
     except ValueError as exc:
         return web.Response(status=400, text=f"{exc}\n")
+    await advisor.ask_engine()
     body = orjson.dumps(advisor.advice(options), option=orjson.OPT_INDENT_2)
     return web.Response(
         body=body, content_type="application/json", headers={"Cache-Control": "no-store"}

@@ -10,7 +10,9 @@ import pytest
 from aiohttp import web
 
 from proxy.advisor.web import PROBE_RETRY_S, Advisor, probe_engine
-from proxy.edge.tasks import TaskSet
+from proxy.edge.server import start_proxy
+from tests.proxy.advisor.advisorkit import get_advice
+from tests.stallkit import simulator_proxy_config
 
 
 async def _models(request: web.Request) -> web.Response:
@@ -53,20 +55,16 @@ async def test_an_upstream_not_there_is_an_error_not_an_exception():
     assert got["error"].startswith("GET /v1/models: ")
 
 
-async def _asked(upstream: str, ticks: int, meanwhile=None) -> dict[str, str | None] | None:  # type: ignore[no-untyped-def]
-    """Run an advisor's background task for ``ticks`` fits, each a retry interval apart on
-    its clock (``meanwhile`` awaited after the first few); what it learnt of the engine."""
+async def _asked(upstream: str, times: int, meanwhile=None) -> dict[str, str | None] | None:  # type: ignore[no-untyped-def]
+    """Ask an advisor for its engine ``times`` times, each a retry interval apart on its
+    clock (``meanwhile`` awaited before the last); what it learnt of the engine."""
     step_ns = int((PROBE_RETRY_S + 1) * 1e9)
     clock = itertools.count(0, step_ns).__next__
     advisor = Advisor([], tpot_target_s=0.05, clock=clock, upstream=upstream)
-    tasks = TaskSet()
-    tasks.spawn(advisor.run(every_s=0.01))
-    await asyncio.sleep(0.01 * ticks)
-    if meanwhile is not None:
-        await meanwhile()
-        await asyncio.sleep(0.01 * ticks)
-    await asyncio.sleep(0.2)
-    await tasks.cancel_all()
+    for k in range(times):
+        if meanwhile is not None and k == times - 1:
+            await meanwhile()
+        await advisor.ask_engine()
     return advisor.engine
 
 
@@ -81,7 +79,7 @@ async def test_an_http_answer_is_final_whatever_its_status(aiohttp_server):
         return await handler(request)
 
     server = await aiohttp_server(web.Application(middlewares=[count]))  # every path 404
-    engine = await _asked(str(server.make_url("")), ticks=10)
+    engine = await _asked(str(server.make_url("")), times=5)
     assert engine is not None
     assert engine["status"] == "404"
     assert asked == ["/v1/models"]
@@ -99,7 +97,30 @@ async def test_an_upstream_not_reached_is_asked_again_until_it_answers(aiohttp_s
     async def start() -> None:
         await aiohttp_server(app, port=port)
 
-    engine = await _asked(f"http://127.0.0.1:{port}", ticks=10, meanwhile=start)
+    engine = await _asked(f"http://127.0.0.1:{port}", times=3, meanwhile=start)
     assert engine is not None
     assert engine["status"] == "200"
     assert engine["owned_by"] == "llamacpp"
+
+
+@pytest.mark.timeout(30)
+async def test_the_upstream_is_asked_only_when_advice_is(aiohttp_server):
+    """A proxy nobody asks for advice sends its upstream nothing of its own."""
+    asked: list[str] = []
+
+    @web.middleware
+    async def count(request: web.Request, handler):  # type: ignore[no-untyped-def]
+        asked.append(request.path)
+        return await handler(request)
+
+    upstream = await aiohttp_server(web.Application(middlewares=[count]))
+    proxy = await start_proxy(simulator_proxy_config(str(upstream.make_url("")).rstrip("/")))
+    try:
+        await asyncio.sleep(1.5)  # more than a fit interval of the background task
+        assert asked == []
+        advice = await get_advice(proxy.admin_url)
+        await get_advice(proxy.admin_url)
+    finally:
+        await proxy.close()
+    assert asked == ["/v1/models"]
+    assert advice["backends"][0]["engine"]["probe_error"] == "GET /v1/models: HTTP 404"
