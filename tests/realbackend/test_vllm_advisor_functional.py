@@ -37,6 +37,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from proxy.advisor.predict import pieces
 from tests.realbackend.client import Prompts, chat
 from tests.realbackend.recorder import ProxyFactory, RecordedProxy
 from tests.realbackend.vllm_server import VllmServer
@@ -223,6 +224,12 @@ class Direction:
     measured: Measured
     engine: list[EngineCheck]
 
+    @property
+    def steps(self) -> int:
+        """Steps the advisor splits the prompt into at the measured budget: each one a stall
+        of every stream (the prompt's pieces here all cost several decode steps)."""
+        return len(pieces(self.row["prompt_tokens"], self.row["chunk_size"]))
+
     def cells(self) -> list[tuple[str, float, float]]:
         """(cell, predicted, measured) of every timed cell."""
         m, row = self.measured, self.row
@@ -254,11 +261,11 @@ class Direction:
             f"  {'cell':32} {'predicted':>10} {'measured':>10} {'error':>7}",
         ]
         for name, p, v in self.cells():
-            lines.append(f"  {name:32} {p:10.1f} {v:10.1f} {p / v - 1:+7.1%}")
-        lines.append(f"  {'stalls per stream':32} {self.row['steps']:10d} {m.stalls:10d}")
-        lines.append(
-            f"  {'steps that carried the prompt':32} {self.row['steps']:10d} {m.steps:10d}"
-        )
+            lines.append(
+                f"  {name:32} {p:10.{2 if p < 100 else 0}f} {v:10.{2 if v < 100 else 0}f} {p / v - 1:+7.1%}"
+            )
+        lines.append(f"  {'stalls per stream':32} {self.steps:10d} {m.stalls:10d}")
+        lines.append(f"  {'steps that carried the prompt':32} {self.steps:10d} {m.steps:10d}")
         for e in self.engine:
             lines.append(
                 f"  fit prompt {e.prompt_tokens} tokens, {e.streams} streams: vLLM's own prefill "
@@ -274,8 +281,8 @@ class Direction:
             for name, p, v in self.cells()
             if abs(p - v) > TOLERANCE * v
         ]
-        if self.row["steps"] != self.measured.stalls:
-            out.append(f"fit at {self.fit_budget}: stalls {self.row['steps']} predicted, "
+        if self.steps != self.measured.stalls:
+            out.append(f"fit at {self.fit_budget}: stalls {self.steps} predicted, "
                        f"{self.measured.stalls} measured")  # fmt: skip
         out += [
             f"fit at {self.fit_budget}, its own {e.prompt_tokens}-token prompt: window "
