@@ -370,6 +370,14 @@ DECODE_STEP_PER_STREAM = Instrument(
     "The advisor's fitted decode step: its extra cost per decoding stream.",
     BACKEND_ATTRS,
 )
+PREFILL_STEP = Instrument(
+    "tokenstamp.backend.prefill_step",
+    Kind.GAUGE,
+    "s",
+    "The advisor's fitted fixed cost of a step that carries prefill, besides its tokens "
+    "(0 when the fit cannot tell it from 0).",
+    BACKEND_ATTRS,
+)
 PREFILL_CHUNK = Instrument(
     "tokenstamp.backend.prefill_chunk",
     Kind.GAUGE,
@@ -409,6 +417,7 @@ ALL: tuple[Instrument, ...] = (
     PREFILL_RATE,
     DECODE_STEP_BASE,
     DECODE_STEP_PER_STREAM,
+    PREFILL_STEP,
     PREFILL_CHUNK,
 )
 

@@ -1,6 +1,6 @@
 """The advisor's fitted cost model of each backend as OpenTelemetry gauges.
 
-The same four gauges as ``exporters.prometheus.BackendFitGauges`` (names,
+The same five gauges as ``exporters.prometheus.BackendFitGauges`` (names,
 units and attributes from ``exporters.names``), observed at each collection
 from the last published ``BackendFitRecord``: a parameter not fitted yet is
 not observed (absent, as in the scrape).
@@ -38,6 +38,7 @@ class OtelBackendFitGauges:
             (names.PREFILL_RATE, lambda r: r.prefill_tokens_per_s),
             (names.DECODE_STEP_BASE, lambda r: r.decode_base_s),
             (names.DECODE_STEP_PER_STREAM, lambda r: r.decode_per_stream_s),
+            (names.PREFILL_STEP, lambda r: r.prefill_step_s),
             (names.PREFILL_CHUNK, chunk_gauge_value),
         ):
             assert inst.kind is names.Kind.GAUGE, inst.name

@@ -334,6 +334,7 @@ class BackendFitGauges:
         self._rate = make(names.PREFILL_RATE)
         self._base = make(names.DECODE_STEP_BASE)
         self._per_stream = make(names.DECODE_STEP_PER_STREAM)
+        self._step = make(names.PREFILL_STEP)
         self._chunk = make(names.PREFILL_CHUNK)
 
     def publish(self, record: BackendFitRecord) -> None:
@@ -348,6 +349,7 @@ class BackendFitGauges:
             (self._rate, record.prefill_tokens_per_s),
             (self._base, record.decode_base_s),
             (self._per_stream, record.decode_per_stream_s),
+            (self._step, record.prefill_step_s),
             (self._chunk, chunk),
         ):
             if value is None:

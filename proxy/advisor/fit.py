@@ -4,7 +4,8 @@ Pure: no clock, no framework. The model (the linear form of Sarathi-Serve's and
 BLIS's step models)::
 
     step_s = base + per_stream x decoding streams
-             + (prefill_step + prefill tokens in the step / rate, if it carries prefill)
+             + (prefill_step + x / rate + context x (L x + x^2 / 2), if it carries a
+                piece of x prompt tokens after L of the same prompt)
 
 - **Decode step** (``base``, ``per_stream``): the median clean decode gap at each
   number of decoding streams, fitted by weighted least squares over the counts
@@ -31,14 +32,18 @@ BLIS's step models)::
   long prompt makes them) it is 0, the rate is fitted through the origin as
   above, and ``observations["prefill_step_note"]`` says why. Kept, the chunk
   is ``(full piece - prefill_step) x rate``.
+- **Context term** (``context``): attention makes later pieces of a prompt dearer;
+  fitted on each prefill step at the context it had, kept only where the steps tell it
+  from 0 (``proxy.advisor.context``). Kept, the chunk is found again as the size whose
+  steps it explains best; ``observations["prefill_context_note"]`` says why either way.
 - **Chunk size**: the number of steps with a clear excess tells how many
   pieces one prompt took. One step: the prompt was not split (chunk at least
   that big). Several: ``chunk = rate x (excess of a full piece)``; each such
   window also bounds it, ``P / k <= chunk < P / (k - 1)``, and the estimate is
   clamped into the bounds all windows agree on.
 
-Where it stops holding: attention cost that grows with context length (long
-conversations make later steps dearer), a token budget shared by decode and
+Where it stops holding: attention over context the fit does not see (a cached prefix,
+the decoding streams' own growing contexts), a token budget shared by decode and
 prefill (vLLM's ``max_num_batched_tokens`` counts each decoding stream as one
 token: the prompt piece is budget minus streams), speculative decoding or
 stream intervals (several tokens per event), prefix caching the proxy cannot see,
@@ -51,6 +56,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
+from proxy.advisor.context import StepPoint, WindowTotal, fit_context, total_s
 from proxy.advisor.observations import ObservationSnapshot, WindowObservation
 from proxy.advisor.regression import least_squares
 from proxy.core.backend_fit import BackendFitRecord
@@ -73,6 +79,8 @@ SPLIT_RATIO = 0.9
 """A window whose full piece is below this share of its prompt was split into chunks."""
 STEP_SIGNIFICANCE = 2.0
 """A fixed cost per prefill step is kept only this many standard errors above 0."""
+CHUNK_CANDIDATES = 48
+"""Chunk sizes tried at most per round when the context term moves the chunk."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +101,9 @@ class WindowFit:
     """Excess of the last step that carried a piece of it (the remainder when split), s."""
     alone: bool
     """No stream was decoding: measured from its upstream TTFT."""
+    piece_s: tuple[float, ...] = ()
+    """Excess of each step that carried a piece of it, in order (per step, the median over the
+    reference streams that saw ``pieces`` of them); empty when alone or none agreed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +123,9 @@ class Fit:
     prefill_step_s: float | None = None
     """Fixed cost of a step that carries prefill, besides its tokens (s); 0 when it cannot be
     told from the rate, ``None`` while the rate is unknown."""
+    prefill_context_s: float | None = None
+    """Seconds a prompt token costs more per token of its prompt already in context
+    (``proxy.advisor.context``); 0 when not told from 0, ``None`` while the rate is unknown."""
 
     def decode_step_s(self, streams: int) -> float | None:
         """``base + per_stream x streams``, or ``None`` before the decode step is fitted."""
@@ -139,12 +153,18 @@ def fit(snapshot: ObservationSnapshot) -> Fit:
         "prefill_steps": 0,
         "prefill_step_tokens": None,
         "prefill_step_note": None,
+        "prefill_context_steps": 0,
+        "prefill_context_note": None,
     }
     quality: dict[str, float | None] = {
         "decode_residual_rel": decode_rel,
         "prefill_residual_rel": None,
         "chunk_size_spread_rel": None,
         "prefill_step_residual_rel": None,
+        "prefill_context_fitted": None,
+        "prefill_context_stderr": None,
+        "prefill_context_residual_rel": None,
+        "prefill_context_residual_without_rel": None,
     }
     empty = Fit(record, observations, quality, tuple(missing))
     if base is None or per_stream is None:
@@ -193,11 +213,38 @@ def fit(snapshot: ObservationSnapshot) -> Fit:
             )
     observations["prefill_steps"] = len(line.tokens)
     observations["prefill_step_tokens"] = line.tokens_range(chunk)
+    points, totals = _context_points(usable, split, chunk)
+    context = fit_context(points, totals, step_s, inv_rate)
+    if context.kept and chunked and chunk is not None:
+        # The chunk found without the term is off (the pieces' context made them dearer, so
+        # fewer tokens seemed to fit): the one whose steps the context term explains best.
+        better = _chunk_by_pieces(usable, split, chunk)
+        if better != chunk:
+            points, totals = _context_points(usable, split, better)
+            refit = fit_context(points, totals, step_s, inv_rate)
+            if refit.kept:
+                chunk, context = better, refit
+    if context.kept:
+        if context.step_s > 0 and step_s == 0:
+            note = None  # told from 0 beside the context term
+        elif context.step_s == 0 and step_s > 0:
+            note = "the fixed cost per step is not told from 0 beside the context term; taken as 0"
+        step_s, inv_rate = context.step_s, context.inv_rate
     observations["prefill_step_note"] = note
+    observations["prefill_context_note"] = context.note
+    observations["prefill_context_steps"] = len(points)
+    quality["prefill_context_fitted"] = context.fitted_s
+    quality["prefill_context_stderr"] = context.stderr_s
+    quality["prefill_context_residual_rel"] = context.residual_rel
+    quality["prefill_context_residual_without_rel"] = context.residual_without_rel
     rate = 1.0 / inv_rate
+    c_s = context.context_s
     quality["prefill_residual_rel"] = _rms(
         [
-            (w.excess_s - _steps(w.prompt_tokens, chunk) * step_s - w.prompt_tokens * inv_rate)
+            (
+                w.excess_s
+                - total_s(step_s, inv_rate, c_s, w.prompt_tokens, _steps(w.prompt_tokens, chunk))
+            )
             / w.excess_s
             for w in usable
         ]
@@ -207,8 +254,12 @@ def fit(snapshot: ObservationSnapshot) -> Fit:
     quality["chunk_size_spread_rel"] = spread
     if chunked is None:
         missing.append("a prefill seen while streams decode (to tell whether prompts are chunked)")
-    record = BackendFitRecord(snapshot.backend, rate, base, per_stream, chunk, chunked)
-    return Fit(record, observations, quality, tuple(missing), tuple(windows), step_s)
+    record = BackendFitRecord(
+        snapshot.backend, rate, base, per_stream, chunk, chunked, prefill_step_s=step_s
+    )
+    return Fit(
+        record, observations, quality, tuple(missing), tuple(windows), step_s, context.context_s
+    )
 
 
 def _fit_decode(
@@ -279,6 +330,7 @@ def _window_fit(window: WindowObservation, prompt_tokens: int, decode: Fit) -> W
     pieces: list[int] = []
     full: list[float] = []
     last: list[float] = []
+    ordered: list[list[float]] = []
     step_s = 0.0
     for gaps in window.references:
         total = 0.0
@@ -298,6 +350,7 @@ def _window_fit(window: WindowObservation, prompt_tokens: int, decode: Fit) -> W
                 elevated.append(excess)
         totals.append(total)
         pieces.append(len(elevated))
+        ordered.append(list(elevated))
         if elevated:
             last.append(elevated[-1])
         elevated.sort()
@@ -308,14 +361,17 @@ def _window_fit(window: WindowObservation, prompt_tokens: int, decode: Fit) -> W
     excess_s = statistics.median(totals)
     if excess_s < max(MEASURABLE_MIN_S, MEASURABLE_RATIO * step_s):
         return WindowFit(window.request_id, prompt_tokens, 0.0, 0, 0.0, 0.0, alone=False)
+    n_pieces = round(statistics.median(pieces))
+    agreeing = [o for o in ordered if len(o) == n_pieces]
     return WindowFit(
         window.request_id,
         prompt_tokens,
         excess_s,
-        round(statistics.median(pieces)),
+        n_pieces,
         statistics.median(full) if full else excess_s,
         statistics.median(last) if last else excess_s,
         alone=False,
+        piece_s=tuple(statistics.median(step) for step in zip(*agreeing, strict=True)),
     )
 
 
@@ -324,7 +380,8 @@ def _fit_chunk(
 ) -> tuple[int | None, bool | None, float | None, int | None, int]:
     """(chunk size, chunked?, spread of the estimates, largest unsplit prompt, split windows).
 
-    A full piece costs ``step_s + chunk / rate``.
+    A full piece costs ``step_s + chunk / rate`` (with a context term, ``_chunk_by_pieces``
+    finds it again).
     """
     seen = [w for w in windows if not w.alone and w.pieces >= 1]
     if not seen:
@@ -351,6 +408,67 @@ def _fit_chunk(
     if low < high:
         chunk = min(max(chunk, low), math.nextafter(high, 0))
     return round(chunk), True, spread, largest_unsplit, len(split)
+
+
+def _context_points(
+    windows: list[WindowFit], split: list[WindowFit], chunk: int | None
+) -> tuple[list[StepPoint], list[WindowTotal]]:
+    """Each prefill step seen at the context before it, and each window's total.
+
+    A split window's pieces are used when their count is what ``chunk`` gives its prompt
+    (then the j-th one has ``j x chunk`` tokens before it); an unsplit window is one step.
+    A window measured alone (from its first token) is one step too when prompts are not
+    split (else it is several, whose costs its first token cannot tell apart).
+    """
+    points: list[StepPoint] = []
+    totals: list[WindowTotal] = []
+    for w in windows:
+        totals.append(WindowTotal(w.prompt_tokens, _steps(w.prompt_tokens, chunk), w.excess_s))
+        if w.alone:
+            if chunk is None:
+                points.append(StepPoint(w.prompt_tokens, 0, w.excess_s))
+            continue
+        if w in split:
+            k = _steps(w.prompt_tokens, chunk)
+            if chunk is None or len(w.piece_s) != k or w.pieces != k:
+                continue
+            for j, y in enumerate(w.piece_s):
+                tokens = chunk if j < k - 1 else w.prompt_tokens - (k - 1) * chunk
+                points.append(StepPoint(tokens, j * chunk, y))
+        else:
+            points.append(StepPoint(w.prompt_tokens, 0, w.excess_s))
+    return points, totals
+
+
+def _chunk_by_pieces(windows: list[WindowFit], split: list[WindowFit], chunk: int) -> int:
+    """The chunk within the bounds the split windows agree on whose steps, at the context
+    each had, fit ``step + tokens / rate + context x (L x + x^2 / 2)`` best (least squares);
+    a coarse grid, then every size around the best."""
+    low, high = 1.0, math.inf
+    for w in split:
+        lo, hi = w.prompt_tokens / w.pieces, w.prompt_tokens / (w.pieces - 1)
+        if lo * 0.9 <= chunk < hi * 1.1:  # as ``_fit_chunk``: a miscounted window is skipped
+            low, high = max(low, lo), min(high, hi)
+    first, last = math.ceil(low), math.ceil(high) - 1
+    if high == math.inf or first >= last:
+        return chunk
+
+    def sse(size: int) -> float:
+        points = _context_points(windows, split, size)[0]
+        xs = [[p.context_tokens * p.tokens + p.tokens**2 / 2, 1.0, p.tokens] for p in points]
+        ys = [p.excess_s for p in points]
+        solved = least_squares(xs, ys)
+        if solved is None:
+            return math.inf
+        beta = solved[0]
+        return sum(
+            (y - sum(b * v for b, v in zip(beta, x, strict=True))) ** 2
+            for x, y in zip(xs, ys, strict=True)
+        )
+
+    stride = max(1, (last - first) // CHUNK_CANDIDATES)
+    best = min(range(first, last + 1, stride), key=sse)
+    return min(range(max(first, best - stride), min(last, best + stride) + 1), key=sse)
 
 
 def _is_split(w: WindowFit, rate: float, step_s: float) -> bool:

@@ -117,6 +117,8 @@ class ObservationSnapshot:
     """Busy periods not used: several windows overlapped, or a window never produced output."""
     stalls: int
     """Stalls the backend view reported."""
+    response_model: str = ""
+    """The ``model`` the backend's newest finished response named (empty: none yet)."""
 
 
 class _Period:
@@ -180,6 +182,7 @@ class AdvisorObservations:
         self._counts: deque[int] = deque(maxlen=MAX_STREAM_COUNTS)
         self._overlapping = 0
         self._stalls = 0
+        self._response_model = ""
 
     # -- StreamWatcher -------------------------------------------------------------
 
@@ -244,7 +247,10 @@ class AdvisorObservations:
     # -- records (through ``ObservationSink``) ------------------------------------------
 
     def request_finished(self, record: RequestRecord) -> None:
-        """The backend's prompt count (minus cached tokens) of a streamed request."""
+        """The backend's prompt count (minus cached tokens) of a streamed request, and the
+        model its response named (the engine's own name for what it serves)."""
+        if record.response_model:
+            self._response_model = record.response_model
         if record.prompt_tokens is None or record.first_token_ns is None:
             return
         uncached = max(0, record.prompt_tokens - (record.cached_tokens or 0))
@@ -291,6 +297,7 @@ class AdvisorObservations:
             stream_counts=tuple(self._counts),
             overlapping_periods=self._overlapping,
             stalls=self._stalls,
+            response_model=self._response_model,
         )
 
     @property

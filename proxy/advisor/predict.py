@@ -6,14 +6,20 @@ is computed in pieces of ``C``; every step that carries a piece also decodes the
 ``streams`` existing ones::
 
     step_j           = base + per_stream x streams + prefill_step + piece_j / rate
+                       + context x (before_j x piece_j + piece_j^2 / 2)
     worst gap        = max_j step_j                    (an existing stream's longest gap)
     rate during it   = steps / sum_j step_j            (tokens per existing stream per second)
     TTFT             = decode step / 2 + sum_j step_j  (it first waits, on average, half a
                                                         running step)
 
+where ``before_j`` is the prompt's tokens computed by the pieces before ``j``
+(``proxy.advisor.context``: attention makes later pieces dearer; ``context`` is 0
+when the fit could not tell it from 0).
+
 A separate prefill pool (disaggregation) computes the prompt alone, in one
 step, and hands the KV cache over: the decode pool's streams see one decode
-step at worst, TTFT = ``base + prefill_step + prompt / rate + kv_transfer``.
+step at worst, TTFT = ``base + prefill_step + prompt / rate + context x prompt^2 / 2
++ kv_transfer``.
 
 Capacity: the most decoding streams whose decode step stays within the TPOT
 target; with the observed prefill load (uncached prompt tokens per second) the
@@ -28,6 +34,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from proxy.advisor.context import piece_s
 from proxy.advisor.fit import Fit
 
 DEFAULT_CHUNK_SIZES: tuple[int | None, ...] = (256, 512, 1024, 2048, 4096, 8192, None)
@@ -67,8 +74,8 @@ class Recommendation:
     next_larger: Row | None
     """The next larger candidate (``None`` when the recommendation is the largest)."""
     largest_chunk_within_target: int | None
-    """The largest chunk of any size within the target:
-    ``(target - decode step - prefill_step) x rate``."""
+    """The largest chunk of any size whose worst piece of the scenario's prompt is within the
+    target (without a context term: ``(target - decode step - prefill_step) x rate``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,13 +110,13 @@ def table(
     fitted: Fit, prompt_tokens: int, streams: int, chunk_sizes: Sequence[int | None]
 ) -> list[Row]:
     """The seed's table for ``chunk_sizes``; ValueError when the fit lacks a parameter."""
-    base, per_stream, rate, step_s = _params(fitted)
+    base, per_stream, rate, step_s, context_s = _params(fitted)
     if prompt_tokens < 1 or streams < 0:
         raise ValueError("table: prompt_tokens must be >= 1 and streams >= 0")
     decode_s = base + per_stream * streams
     rows = []
     for chunk in chunk_sizes:
-        steps = [decode_s + step_s + piece / rate for piece in pieces(prompt_tokens, chunk)]
+        steps = _steps_s(decode_s, step_s, 1 / rate, context_s, pieces(prompt_tokens, chunk))
         window_s = sum(steps)
         rows.append(
             Row(
@@ -133,14 +140,49 @@ def pieces(prompt_tokens: int, chunk_size: int | None) -> list[int]:
     return [chunk_size] * full + ([rest] if rest else [])
 
 
+def _steps_s(
+    decode_s: float, step_s: float, inv_rate: float, context_s: float, split: list[int]
+) -> list[float]:
+    """Each step's duration: the decode step plus its piece, at the context before it."""
+    out, before = [], 0
+    for piece in split:
+        out.append(decode_s + piece_s(step_s, inv_rate, context_s, piece, before))
+        before += piece
+    return out
+
+
+def largest_chunk(fitted: Fit, prompt_tokens: int, streams: int, itl_target_s: float) -> int | None:
+    """The largest chunk whose worst step of a ``prompt_tokens`` prompt is within the target
+    (``None``: not even one token a step is)."""
+    base, per_stream, rate, step_s, context_s = _params(fitted)
+    decode_s = base + per_stream * streams
+    room_s = itl_target_s - (decode_s + step_s)
+    if room_s <= 0:
+        return None
+    if context_s <= 0:
+        return math.floor(room_s * rate)
+
+    def worst(chunk: int) -> float:
+        return max(_steps_s(decode_s, step_s, 1 / rate, context_s, pieces(prompt_tokens, chunk)))
+
+    if worst(1) > itl_target_s:
+        return None
+    if worst(prompt_tokens) <= itl_target_s:
+        return math.floor(room_s * rate)  # beyond the prompt: its one step, bounded as before
+    low, high = 1, prompt_tokens  # worst(low) within, worst(high) not: bisect (monotone)
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if worst(mid) <= itl_target_s else (low, mid)
+    return low
+
+
 def recommend(fitted: Fit, rows: Sequence[Row], itl_target_s: float) -> Recommendation:
     """The largest candidate (unchunked largest of all) whose worst gap is within the target."""
-    base, per_stream, rate, step_s = _params(fitted)
     ordered = sorted(rows, key=lambda r: math.inf if r.chunk_size is None else r.chunk_size)
     fitting = [i for i, r in enumerate(ordered) if r.worst_gap_s <= itl_target_s]
     streams = rows[0].streams if rows else 0
-    room_s = itl_target_s - (base + per_stream * streams + step_s)
-    largest = math.floor(room_s * rate) if room_s > 0 else None
+    prompt = rows[0].prompt_tokens if rows else 1
+    largest = largest_chunk(fitted, prompt, streams, itl_target_s)
     if not fitting:
         return Recommendation(itl_target_s, False, None, ordered[0] if ordered else None, largest)
     best = fitting[-1]
@@ -150,7 +192,7 @@ def recommend(fitted: Fit, rows: Sequence[Row], itl_target_s: float) -> Recommen
 
 def capacity(fitted: Fit, tpot_target_s: float, prefill_load_tokens_per_s: float) -> Capacity:
     """Most decoding streams within ``tpot_target_s``, without and with the prefill load."""
-    base, per_stream, rate, _ = _params(fitted)
+    base, per_stream, rate, _, _ = _params(fitted)
     share = prefill_load_tokens_per_s / rate
 
     def most(budget_s: float) -> int | None:
@@ -168,20 +210,21 @@ def prefill_pool(
     fitted: Fit, prompt_tokens: int, streams: int, kv_transfer_s: float
 ) -> PrefillPool:
     """A separate prefill pool: the decode pool's worst gap is one step; TTFT prefill + transfer."""
-    base, per_stream, rate, step_s = _params(fitted)
+    base, per_stream, rate, step_s, context_s = _params(fitted)
     decode_s = base + per_stream * streams
     return PrefillPool(
         kv_transfer_s=kv_transfer_s,
         worst_gap_s=decode_s,
         rate_during_prefill_per_s=1 / decode_s,
-        ttft_s=base + step_s + prompt_tokens / rate + kv_transfer_s,
+        ttft_s=base + piece_s(step_s, 1 / rate, context_s, prompt_tokens, 0) + kv_transfer_s,
     )
 
 
-def _params(fitted: Fit) -> tuple[float, float, float, float]:
-    """(base, per_stream, rate, prefill_step); ValueError naming what is missing."""
+def _params(fitted: Fit) -> tuple[float, float, float, float, float]:
+    """(base, per_stream, rate, prefill_step, context); ValueError naming what is missing."""
     r = fitted.fit_record
     if r.decode_base_s is None or r.decode_per_stream_s is None or r.prefill_tokens_per_s is None:
         raise ValueError("not enough data: " + "; ".join(fitted.missing))
     step_s = fitted.prefill_step_s or 0.0
-    return r.decode_base_s, r.decode_per_stream_s, r.prefill_tokens_per_s, step_s
+    context_s = fitted.prefill_context_s or 0.0
+    return r.decode_base_s, r.decode_per_stream_s, r.prefill_tokens_per_s, step_s, context_s

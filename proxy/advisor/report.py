@@ -5,12 +5,18 @@ uncached prompt and typical number of decoding streams), the table, the
 recommendation, the capacity and the prefill pool into one JSON-ready dict;
 where something needed is missing it says what, and gives no number.
 ``render`` prints the same dict in the demo's style.
+
+It also says which engine was fitted (``engine``: the backend's label, the model its
+responses name, and what the upstream answered the advisor's one probe) and the range
+the fit saw (``fit.range``: prompt sizes, decoding streams, prompt tokens per step);
+a table row outside that range lists why in its ``extrapolation`` (empty: within it),
+and the printed table marks its chunk size with ``*``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,10 +26,12 @@ from proxy.advisor.predict import (
     DEFAULT_CHUNK_SIZES,
     Row,
     capacity,
+    pieces,
     prefill_pool,
     recommend,
     table,
 )
+from proxy.core.records import Backend
 
 LOAD_WINDOW_NS = 60_000_000_000
 """The prefill load is measured over the last minute of finished requests."""
@@ -82,9 +90,87 @@ def prefill_load(snapshot: ObservationSnapshot) -> float:
     return sum(n for _, n in recent) / (span_ns / 1e9)
 
 
-def advise(fitted: Fit, snapshot: ObservationSnapshot, options: AdviceOptions) -> dict[str, Any]:
-    """The JSON-ready advice of one backend (docs/advisor.md)."""
+def engine(
+    backend: Backend, snapshot: ObservationSnapshot, probe: Mapping[str, str | None] | None
+) -> dict[str, str | None]:
+    """Which engine the fit is of: the backend's label, the model its responses name, and
+    the upstream's answer to the probe (``None`` fields: not known); ``name``, the best of
+    them (``owned_by``, else the ``Server`` header's product, else the label)."""
+    server = probe.get("server") if probe else None
+    owned_by = probe.get("owned_by") if probe else None
+    product = server.split("/")[0].split(" ")[0] if server else None
+    return {
+        "name": owned_by or product or backend.provider,
+        "provider": backend.provider,
+        "backend": backend.address,
+        "response_model": snapshot.response_model or None,
+        "server": server,
+        "owned_by": owned_by,
+        "probe_error": probe.get("error") if probe else "not asked yet",
+    }
+
+
+def fit_range(fitted: Fit) -> dict[str, list[int] | None]:
+    """What the fit saw: ``[fewest, most]`` uncached prompt tokens of the prefills it used,
+    decoding streams of the decode steps, prompt tokens one step carried, and tokens of its
+    own prompt a step's piece came after (0 for an unsplit prompt)."""
+    windows = [w for w in fitted.windows if w.excess_s > 0]
+    r = fitted.fit_record
+    chunk = r.chunk_size if r.chunked else None
+    steps = [
+        p for w in windows for p in (pieces(w.prompt_tokens, chunk) if chunk else [w.prompt_tokens])
+    ]
+    befores = [
+        j * chunk if chunk else 0
+        for w in windows
+        for j in range(len(pieces(w.prompt_tokens, chunk)))
+    ]
+    counts = fitted.observations.get("stream_counts")
+    counts = counts if isinstance(counts, list) and counts else None
+    prompts = [w.prompt_tokens for w in windows]
+    return {
+        "prompt_tokens": [min(prompts), max(prompts)] if prompts else None,
+        "streams": [min(counts), max(counts)] if counts else None,
+        "step_tokens": [min(steps), max(steps)] if steps else None,
+        "context_tokens": [min(befores), max(befores)] if befores else None,
+    }
+
+
+def extrapolation(row: Row, seen: Mapping[str, list[int] | None]) -> list[str]:
+    """Why ``row`` lies outside the range the fit saw, one phrase each (empty: within it)."""
+    out = []
+    for key, value, what in (
+        ("prompt_tokens", row.prompt_tokens, "prompt tokens"),
+        ("streams", row.streams, "streams decoding"),
+    ):
+        bounds = seen.get(key)
+        if bounds is not None and not bounds[0] <= value <= bounds[1]:
+            out.append(f"{value:,} {what}, outside the {bounds[0]:,}-{bounds[1]:,} seen")
+    bounds = seen.get("step_tokens")
+    split = pieces(row.prompt_tokens, row.chunk_size)
+    if bounds is not None and max(split) > bounds[1]:
+        out.append(f"steps of up to {max(split):,} prompt tokens, {bounds[1]:,} at most seen")
+    if bounds is not None and max(split) < bounds[0]:  # a small remainder alone is no matter
+        out.append(f"steps of at most {max(split):,} prompt tokens, {bounds[0]:,} at least seen")
+    bounds = seen.get("context_tokens")
+    before = row.prompt_tokens - split[-1]  # the last piece comes after all the others
+    if bounds is not None and before > bounds[1]:
+        out.append(
+            f"pieces after up to {before:,} tokens of their prompt, {bounds[1]:,} at most seen"
+        )
+    return out
+
+
+def advise(
+    fitted: Fit,
+    snapshot: ObservationSnapshot,
+    options: AdviceOptions,
+    probe: Mapping[str, str | None] | None = None,
+) -> dict[str, Any]:
+    """The JSON-ready advice of one backend (docs/advisor.md); ``probe``: what the upstream
+    said it is (``proxy.advisor.web.probe_engine``)."""
     record = fitted.fit_record
+    seen = fit_range(fitted)
     missing = list(fitted.missing)
     prompt = options.prompt_tokens
     prompt_from = "given"
@@ -105,9 +191,11 @@ def advise(fitted: Fit, snapshot: ObservationSnapshot, options: AdviceOptions) -
         "backend": record.backend.address,
         "status": NOT_ENOUGH_DATA if missing else "ok",
         "missing": missing,
+        "engine": engine(record.backend, snapshot, probe),
         "fit": {
             "prefill_tokens_per_s": record.prefill_tokens_per_s,
             "prefill_step_s": fitted.prefill_step_s,
+            "prefill_context_s": fitted.prefill_context_s,
             "decode_step_s": {
                 "base": record.decode_base_s,
                 "per_stream": record.decode_per_stream_s,
@@ -116,6 +204,7 @@ def advise(fitted: Fit, snapshot: ObservationSnapshot, options: AdviceOptions) -
             "chunked": record.chunked,
             "observations": fitted.observations,
             "quality": fitted.quality,
+            "range": seen,
         },
         "scenario": {
             "prompt_tokens": prompt,
@@ -134,7 +223,7 @@ def advise(fitted: Fit, snapshot: ObservationSnapshot, options: AdviceOptions) -
     if missing or prompt is None or streams is None:
         return out
     rows = table(fitted, prompt, streams, options.chunk_sizes)
-    out["table"] = [_row(r) for r in rows]
+    out["table"] = [_row(r, seen) for r in rows]
     rec = recommend(fitted, rows, itl_target)
     out["recommendation"] = {
         "itl_target_s": itl_target,
@@ -142,7 +231,7 @@ def advise(fitted: Fit, snapshot: ObservationSnapshot, options: AdviceOptions) -
         "chunk_size": rec.row.chunk_size if rec.row is not None else None,
         "worst_gap_s": rec.row.worst_gap_s if rec.row is not None else None,
         "ttft_s": rec.row.ttft_s if rec.row is not None else None,
-        "next_larger": _row(rec.next_larger) if rec.next_larger is not None else None,
+        "next_larger": _row(rec.next_larger, seen) if rec.next_larger is not None else None,
         "ttft_cost_s": (
             rec.row.ttft_s - rec.next_larger.ttft_s
             if rec.row is not None and rec.next_larger is not None
@@ -168,7 +257,7 @@ def advise(fitted: Fit, snapshot: ObservationSnapshot, options: AdviceOptions) -
     return out
 
 
-def _row(r: Row) -> dict[str, Any]:
+def _row(r: Row, seen: Mapping[str, list[int] | None]) -> dict[str, Any]:
     return {
         "chunk_size": r.chunk_size,
         "prompt_tokens": r.prompt_tokens,
@@ -176,6 +265,7 @@ def _row(r: Row) -> dict[str, Any]:
         "worst_gap_s": r.worst_gap_s,
         "rate_during_prefill_per_s": r.rate_during_prefill_per_s,
         "ttft_s": r.ttft_s,
+        "extrapolation": extrapolation(r, seen),
     }
 
 
@@ -202,12 +292,29 @@ def render(advice: dict[str, Any]) -> str:
         fitted.append(f"prefill {f['prefill_tokens_per_s']:,.0f} tokens/s")
     if f["prefill_step_s"]:
         fitted.append(f"{f['prefill_step_s'] * 1000:,.1f} ms a prefill step")
+    if f["prefill_context_s"]:
+        fitted.append(
+            f"+{f['prefill_context_s'] * 1e9:,.2f} us a token per 1,000 tokens of context"
+        )
     if f["chunked"] is True:
         fitted.append(f"chunk size {f['chunk_size']} in use")
     elif f["chunked"] is False:
         most = f["observations"].get("largest_unsplit_prompt_tokens")
         fitted.append(f"prompts not chunked (up to {most:,} tokens seen in one step)")
     lines.append(f"Backend {name}: " + (", ".join(fitted) if fitted else "nothing fitted yet"))
+    lines.append(_engine_line(advice["engine"]))
+    seen = f.get("range") or {}
+    ranges = [
+        what.format(_span(seen.get(key)))
+        for key, what in (
+            ("prompt_tokens", "prompts of {} tokens"),
+            ("streams", "{} streams decoding"),
+            ("step_tokens", "{} prompt tokens a step"),
+        )
+        if seen.get(key)
+    ]
+    if ranges:
+        lines.append("fitted on " + ", ".join(ranges))
     if advice["status"] != "ok":
         lines.append(f"{NOT_ENOUGH_DATA}: " + "; ".join(advice["missing"]))
         return "\n".join(lines)
@@ -218,7 +325,8 @@ def render(advice: dict[str, Any]) -> str:
         f"The trade at a {s['prompt_tokens']:,}-token prompt ({s['prompt_tokens_from']}) with "
         f"{s['streams']} streams decoding ({s['streams_from']}), predicted:"
     )
-    head = ["chunk size".ljust(34)] + [_chunk(r["chunk_size"]).rjust(9) for r in rows]
+    marked = [_chunk(r["chunk_size"]) + ("*" if r["extrapolation"] else "") for r in rows]
+    head = ["chunk size".ljust(34)] + [m.rjust(9) for m in marked]
     head.append("prefill pool".rjust(14))
     lines.append("".join(head))
 
@@ -229,6 +337,10 @@ def render(advice: dict[str, Any]) -> str:
     lines.append(line("worst gap in an existing stream", "worst_gap_s", _ms))
     lines.append(line("token rate during the prefill", "rate_during_prefill_per_s", _rate))
     lines.append(line("new request's first token", "ttft_s", _ms))
+    for r in rows:
+        if r["extrapolation"]:
+            why = "; ".join(r["extrapolation"])
+            lines.append(f"  * {_chunk(r['chunk_size'])}: extrapolated ({why})")
     lines.append(_recommendation_line(advice["recommendation"]))
     cap = advice["capacity"]
     target = _ms(cap["tpot_target_s"])
@@ -244,6 +356,19 @@ def render(advice: dict[str, Any]) -> str:
         f"{_ms(pool['kv_transfer_s'])} KV transfer"
     )
     return "\n".join(lines)
+
+
+def _span(bounds: list[int] | None) -> str:
+    if not bounds:
+        return "?"
+    return f"{bounds[0]:,}" if bounds[0] == bounds[1] else f"{bounds[0]:,}-{bounds[1]:,}"
+
+
+def _engine_line(e: dict[str, Any]) -> str:
+    said = [f"{key} {e[key]}" for key in ("server", "owned_by", "response_model") if e.get(key)]
+    if e.get("probe_error"):
+        said.append(f"probe: {e['probe_error']}")
+    return f"engine: {e['name']} (label {e['provider']}" + "".join(f"; {x}" for x in said) + ")"
 
 
 def _rate(value: float) -> str:

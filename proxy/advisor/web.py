@@ -2,7 +2,10 @@
 
 ``Advisor`` owns one ``AdvisorObservations`` per backend. Once a second (a
 background task, off the token path) it fits each backend and hands the
-fitted parameters to ``publish`` (the Prometheus gauges). ``/advice`` fits
+fitted parameters to ``publish`` (the Prometheus gauges). Once, when that task
+starts, it asks the upstream which engine it is (``GET /v1/models``: its
+``Server`` header and the models' ``owned_by``, e.g. ``vllm``, ``llamacpp``,
+``sglang``); one request per proxy, never on a client's path. ``/advice`` fits
 afresh and answers the JSON of ``proxy.advisor.report``: ``{"backends": [...]}``,
 status 200 also when a backend has not enough data (its ``status`` says so).
 
@@ -20,8 +23,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import aiohttp
 import orjson
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from proxy.advisor.fit import Fit, fit
 from proxy.advisor.observations import AdvisorObservations, ObservationSnapshot
@@ -32,6 +36,40 @@ log = logging.getLogger("tokenstamp.advisor")
 
 FIT_EVERY_S = 1.0
 """Seconds between two fits of the background task."""
+PROBE_TIMEOUT_S = 5.0
+"""Most the one engine probe of the upstream may take."""
+PROBE_RETRY_S = 30.0
+"""Seconds between two probes while the upstream does not answer one."""
+PROBE_BODY_MAX = 1 << 20
+"""Most bytes of the probe's answer read."""
+
+
+async def probe_engine(upstream: str, timeout_s: float = PROBE_TIMEOUT_S) -> dict[str, str | None]:
+    """What the upstream says it is: its ``Server`` header and ``owned_by`` / ``id`` of the
+    first model of ``GET /v1/models``; ``error`` when it could not be asked."""
+    out: dict[str, str | None] = {"server": None, "owned_by": None, "model": None, "error": None}
+    url = upstream.rstrip("/") + "/v1/models"
+    try:
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as session,
+            session.get(url) as resp,
+        ):
+            out["server"] = resp.headers.get(hdrs.SERVER)
+            body = await resp.content.read(PROBE_BODY_MAX)
+            if resp.status != 200:
+                out["error"] = f"GET /v1/models: HTTP {resp.status}"
+                return out
+        data = orjson.loads(body)
+        models = data.get("data") if isinstance(data, dict) else None
+        first = models[0] if isinstance(models, list) and models else None
+        if isinstance(first, dict):
+            for key, field in (("owned_by", "owned_by"), ("model", "id")):
+                value = first.get(field)
+                out[key] = value if isinstance(value, str) else None
+    except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError, OSError) as exc:
+        out["error"] = f"GET /v1/models: {type(exc).__name__}"
+    return out
 
 
 class Advisor:
@@ -44,14 +82,19 @@ class Advisor:
         tpot_target_s: float,
         clock: Callable[[], int] = time.monotonic_ns,
         publish: Callable[[BackendFitRecord], None] | None = None,
+        upstream: str | None = None,
     ) -> None:
-        """``publish`` gets each backend's fit once a second (the gauges)."""
+        """``publish`` gets each backend's fit once a second (the gauges); ``upstream`` (its
+        base URL) is asked once which engine it is."""
         self.observations = tuple(observations)
         """One per backend."""
         self.tpot_target_s = tpot_target_s
         """``--slo-tpot``: the capacity's target and the default ITL target."""
         self._clock = clock
         self._publish = publish
+        self._upstream = upstream
+        self.engine: dict[str, str | None] | None = None
+        """What the upstream said it is (``probe_engine``); ``None`` until asked."""
 
     def refresh(self) -> list[tuple[Fit, ObservationSnapshot]]:
         """Fit every backend now; publish the parameters."""
@@ -71,11 +114,20 @@ class Advisor:
     def advice(self, options: AdviceOptions | None = None) -> dict[str, Any]:
         """The JSON document of ``/advice``."""
         opts = options if options is not None else AdviceOptions(self.tpot_target_s)
-        return {"backends": [advise(f, s, opts) for f, s in self.refresh()]}
+        return {"backends": [advise(f, s, opts, self.engine) for f, s in self.refresh()]}
 
     async def run(self, every_s: float = FIT_EVERY_S) -> None:
-        """Fit and publish every ``every_s`` seconds, forever."""
+        """Ask the upstream which engine it is, then fit and publish every ``every_s``
+        seconds, forever."""
+        next_probe_s = 0.0
         while True:
+            now_s = self._clock() / 1e9
+            if self._upstream is not None and now_s >= next_probe_s:
+                # Asked once; again every PROBE_RETRY_S while it does not answer (a sidecar
+                # may start before its model server).
+                if self.engine is None or self.engine["error"] is not None:
+                    self.engine = await probe_engine(self._upstream)
+                next_probe_s = now_s + PROBE_RETRY_S
             await asyncio.sleep(every_s)
             try:
                 self.refresh()

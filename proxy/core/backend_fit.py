@@ -3,8 +3,9 @@
 Pure: a record type only. The advisor (``proxy.advisor``) fits it from the
 proxy's own observations; exporters publish it as the gauges of METRICS.md
 (``tokenstamp.backend.prefill_rate``, ``.decode_step.base``, ``.per_stream``,
-``tokenstamp.backend.prefill_chunk``). A field is ``None`` while there is not
-enough data for it: its gauge is then absent, never a made-up number.
+``tokenstamp.backend.prefill_step``, ``tokenstamp.backend.prefill_chunk``). A field is
+``None`` while there is not enough data for it: its gauge is then absent, never a
+made-up number.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from proxy.core.records import Backend
 
 @dataclass(frozen=True, slots=True)
 class BackendFitRecord:
-    """What a step of this backend costs: ``base + per_stream x streams + prefill / rate``."""
+    """What a step of this backend costs: ``base + per_stream x streams``, plus
+    ``prefill_step + prefill / rate`` when it carries prefill."""
 
     backend: Backend
     """The upstream it describes."""
@@ -30,3 +32,6 @@ class BackendFitRecord:
     """Prompt tokens per step when prefill is chunked; ``None`` when unchunked or unknown."""
     chunked: bool | None
     """Whether prefill is chunked: ``False`` when no observed prompt was split, ``None`` unknown."""
+    prefill_step_s: float | None = None
+    """Fixed cost of a step that carries prefill, besides its tokens (s); 0 when the fit cannot
+    tell it from 0, ``None`` while the prefill rate is unknown."""

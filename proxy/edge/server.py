@@ -327,7 +327,13 @@ async def start_proxy(
             for one in publishers:
                 one(record)
 
-        advisor = Advisor([advised], tpot_target_s=config.slo_tpot_s, clock=clock, publish=publish)
+        advisor = Advisor(
+            [advised],
+            tpot_target_s=config.slo_tpot_s,
+            clock=clock,
+            publish=publish,
+            upstream=config.upstream,
+        )
         _ = state.tasks.spawn(advisor.run(), name="tokenstamp-advisor")
     shown = None if timeline is None else [timeline]
     add_timeline = timeline_routes(shown, clock=clock)

@@ -5,13 +5,17 @@ the advisor's row for 512 must match a measured 512 run within 25%: its worst
 gap, and the number of stalls the long prompt causes in each stream; and the
 other way round (fitted at 512, the unchunked row against a 2048 run).
 
-Where the 25% come from: on CPU a prompt piece costs more the more context is
-already in the KV cache (attention), which the linear model averages out; and
-llama.cpp's ``n_batch`` holds the streams' decode tokens too, so a 512 step
-carries 504 prompt tokens with 8 streams decoding (the advisor's chunk is the
-prompt piece; 1.6% here). The fit prompts come in three sizes: at 512 their
-last pieces (204, 308, 108 tokens) tell a fixed cost per prefill step from the
-rate; two sizes (1212 and 812 tokens: 3 and 2 pieces) leave the two confounded.
+Where the 25% come from: llama.cpp's ``n_batch`` holds the streams' decode tokens
+too, so a 512 step carries 504 prompt tokens with 8 streams decoding (the
+advisor's chunk is the prompt piece; 1.6% here); on CPU a prompt piece costs more
+the more context is already in the KV cache (attention), which the advisor's
+context term takes up where the steps tell it from 0; and, the most, the shared
+2-core machine's speed moving between the fit and the measured run (both print
+their one-stream decode step: it moved by up to 70% between the two here). The
+fit prompts come in four sizes: unsplit, four points tell a context term from the
+rate with a residual left to judge it by; at 512 their pieces (504 and last pieces
+of 204, 308, 108 and 408 tokens, at contexts 0 to 1,008) tell a fixed cost per
+prefill step and a context term from the rate.
 """
 
 from __future__ import annotations
@@ -36,8 +40,9 @@ pytestmark = [pytest.mark.realbackend, pytest.mark.timeout(240)]
 STREAMS = 8
 LONG = 1200
 """The measured long prompt (at 512: three pieces of 504)."""
-FIT_PROMPTS = [1200, 800, 600]
-"""The long prompts the advisor fits from, one at a time."""
+FIT_PROMPTS = [1200, 800, 600, 900]
+"""The long prompts the advisor fits from, one at a time (four sizes: unsplit, they tell a
+context term from the rate with a residual to judge it by)."""
 PREFILL_S_PER_TOKEN = 1 / 250
 """About what this CPU takes per prompt token (sizes the streams, not a tolerance)."""
 TOLERANCE = 0.25
@@ -94,6 +99,8 @@ async def _measured_run(proxy: RecordedProxy, prompts: Prompts) -> tuple[float, 
     """8 streams, one long prompt: (median over streams of the worst gap in its window, median
     stalls per stream, its prompt tokens)."""
     step_s = await _decode_step_s(proxy, prompts)
+    # Beside the fit run's: how much the machine's speed moved between the two.
+    print(f"\nmeasured run: one-stream step {step_s * 1e3:.1f} ms")
     connector = aiohttp.TCPConnector(limit=0)
     text = prompts.text(LONG)
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -177,6 +184,9 @@ def _table(
         f"prefill {fit['prefill_tokens_per_s']:.0f} tokens/s, "
         f"{fit['prefill_step_s'] * 1e3:.0f} ms a prefill step, chunk {fit['chunk_size']}"
         + (f" ({fit['observations']['prefill_step_note']})" if fit["prefill_step_s"] == 0 else ""),
+        f"context term {fit['prefill_context_s'] * 1e9:.2f} us a token per 1,000 of context: "
+        f"{fit['observations']['prefill_context_note']}",
+        f"range seen {fit['range']}; row extrapolation {row['extrapolation']}",
         f"{row['prompt_tokens']}-token prompt, {STREAMS} streams, chunk {row['chunk_size']}: "
         f"worst gap predicted {row['worst_gap_s'] * 1e3:.0f} ms / measured "
         f"{worst_s * 1e3:.0f} ms ({err:+.0%}); stalls per stream predicted "

@@ -69,11 +69,27 @@ async def test_decode_without_long_prompts_says_the_prefill_is_missing(aiohttp_s
         assert backend["fit"]["prefill_tokens_per_s"] is None
         assert backend["table"] == []
         assert any("no long prompts yet?" in m for m in backend["missing"])
+        # The engine: the label, the model the responses named, the upstream's one answer.
+        engine = backend["engine"]
+        assert engine["provider"] == "vllm"
+        assert engine["owned_by"] == "tokenstamp-simulator"
+        assert engine["name"] == "tokenstamp-simulator"
+        assert engine["server"].startswith("Python/")  # aiohttp's own Server header
+        assert engine["response_model"] is not None
+        assert engine["probe_error"] is None
+        assert backend["fit"]["range"]["streams"] == [
+            min(backend["fit"]["observations"]["stream_counts"]),
+            max(backend["fit"]["observations"]["stream_counts"]),
+        ]
+        assert backend["fit"]["range"]["prompt_tokens"] is None  # no prefill fitted
+        rc, printed, _ = await advise(proxy.admin_url)
+        assert "engine: tokenstamp-simulator (label vllm; server Python/" in printed
         async with aiohttp.ClientSession() as session:
             async with session.get(proxy.admin_url + "/metrics") as resp:
                 metrics = await resp.text()
         assert 'tokenstamp_backend_decode_step_base_seconds{gen_ai_provider_name="vllm"' in metrics
         assert "tokenstamp_backend_prefill_rate{" not in metrics
+        assert "tokenstamp_backend_prefill_step_seconds{" not in metrics  # absent until fitted
     finally:
         await proxy.close(drain_timeout_s=1.0)
 

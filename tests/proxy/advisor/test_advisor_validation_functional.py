@@ -92,6 +92,9 @@ async def test_fit_and_every_predicted_row_match_the_simulator(aiohttp_server):
         ("tokenstamp_backend_decode_step_per_stream_seconds", "sim"): pytest.approx(
             fit["decode_step_s"]["per_stream"]
         ),
+        ("tokenstamp_backend_prefill_step_seconds", "sim"): pytest.approx(
+            fit["prefill_step_s"], abs=1e-12
+        ),
         ("tokenstamp_backend_prefill_chunk", "sim"): fit["chunk_size"],
     }
     want = {

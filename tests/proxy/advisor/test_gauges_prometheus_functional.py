@@ -66,6 +66,8 @@ async def test_the_trade_row_shows_the_fitted_model(aiohttp_server):
             results = {
                 title: [await prom.query(q) for q in exprs] for title, exprs in queries.items()
             }
+            # Not drawn in the row: the fixed cost per prefill step (0 on the simulator).
+            step_samples = await prom.query("tokenstamp_backend_prefill_step_seconds")
     finally:
         await proxy.close(drain_timeout_s=1.0)
 
@@ -85,3 +87,6 @@ async def test_the_trade_row_shows_the_fitted_model(aiohttp_server):
     )
     assert step == pytest.approx(base)  # no stream open any more
     assert with_chunk == pytest.approx(base + fit["chunk_size"] / fit["prefill_tokens_per_s"])
+    (step_sample,) = step_samples
+    assert step_sample["metric"]["server_address"] == "sim"
+    assert float(step_sample["value"][1]) == pytest.approx(fit["prefill_step_s"], abs=1e-12)

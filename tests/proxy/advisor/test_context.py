@@ -1,0 +1,284 @@
+"""The context term of the cost model on exact stamps from a known step model (fake clock).
+
+A small step loop stands in for an engine whose prefill pieces cost more the more of
+their prompt is already in context: a step decoding ``n`` streams and carrying a piece of
+``x`` tokens after ``L`` costs ``base + per_stream x n + step + x / rate + context x (L x +
+x^2 / 2)``. The stamps go to ``AdvisorObservations`` as the proxy would send them; the fit
+must give the model back, keep the term only where it is there, and say why.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pytest
+
+from proxy.advisor.context import (
+    CONTEXT_MIN_SHARE,
+    StepPoint,
+    WindowTotal,
+    fit_context,
+)
+from proxy.advisor.fit import Fit, fit
+from proxy.advisor.observations import AdvisorObservations
+from proxy.advisor.predict import largest_chunk, pieces, prefill_pool, table
+from proxy.advisor.report import AdviceOptions, advise, render
+from proxy.core.records import Backend, PrefillRecord, RequestLabels
+
+BACKEND = Backend("llama.cpp", "cpu")
+
+
+@dataclass(frozen=True)
+class StepModel:
+    """The engine's true cost model."""
+
+    base_s: float = 0.015
+    per_stream_s: float = 0.0007
+    step_s: float = 0.0
+    inv_rate: float = 1 / 4000
+    context_s: float = 1e-7
+    chunk: int | None = 700
+
+    def prefill_s(self, tokens: int, before: int) -> float:
+        return (
+            self.step_s
+            + tokens * self.inv_rate
+            + self.context_s * (before * tokens + tokens * tokens / 2)
+        )
+
+
+def drive(model: StepModel, prompts: list[int], streams: int = 12) -> AdvisorObservations:
+    """``streams`` streams ending one after another; the long ``prompts`` one at a time, each
+    forwarded a third into a running step and computed from the next one on, in pieces."""
+    obs = AdvisorObservations(BACKEND)
+    labels = RequestLabels("chat", "m", BACKEND)
+    left = {f"s{k}": 160 + 10 * k for k in range(streams)}
+    for rid in left:
+        obs.forwarded(rid, 0)
+    now_ns = round(model.base_s * 1e9)
+    last = dict.fromkeys(left, now_ns)
+    for rid in left:
+        obs.first_token(rid, now_ns)
+    queue = list(enumerate(prompts))
+    current: tuple[str, list[int]] | None = None  # the prompt being computed, pieces left
+    before = 0
+    step = 0
+    while left or current or queue:
+        step += 1
+        piece = 0
+        if current is not None:
+            piece = current[1].pop(0)
+        dur_s = model.base_s + model.per_stream_s * len(left)
+        if piece:
+            dur_s += model.prefill_s(piece, before)
+        start_ns, end_ns = now_ns, now_ns + round(dur_s * 1e9)
+        if current is None and queue and step >= 25 and step % 25 == 0:
+            i, prompt = queue.pop(0)
+            rid = f"long{i}"
+            tf = start_ns + (end_ns - start_ns) // 3
+            obs.forwarded(rid, tf)
+            obs.prefill_done(PrefillRecord(rid, labels, tf, tf, prompt, 0, 0, 0.0))
+            current, before = (rid, pieces(prompt, model.chunk)), 0
+        done = None
+        if piece and current is not None:
+            before += piece
+            if not current[1]:  # its first token comes with the others' (read first here)
+                done, current = current[0], None
+                obs.first_token(done, end_ns)
+        for rid in list(left):
+            obs.gap(rid, last[rid], end_ns)
+            last[rid] = end_ns
+            left[rid] -= 1
+            if left[rid] == 0:
+                del left[rid]
+                obs.finished(rid, end_ns)
+        if done is not None:
+            left[done], last[done] = 1, end_ns
+        now_ns = end_ns
+    obs.flush(now_ns + 10**9)
+    return obs
+
+
+def worst_and_ttft(model: StepModel, prompt: int, streams: int, chunk: int | None) -> float:
+    """The true worst step of ``streams`` decoding while ``prompt`` is computed at ``chunk``."""
+    decode_s = model.base_s + model.per_stream_s * streams
+    out, before = [], 0
+    for piece in pieces(prompt, chunk):
+        out.append(decode_s + model.prefill_s(piece, before))
+        before += piece
+    return max(out)
+
+
+CHUNKED = [3100, 4500, 2600, 5300]
+UNCHUNKED = [1200, 800, 1500, 600, 1000]
+
+
+def test_the_context_term_is_recovered_from_chunked_prefills_and_kept():
+    model = StepModel()
+    fitted = fit(drive(model, CHUNKED).snapshot())
+    assert fitted.missing == ()
+    assert fitted.prefill_context_s == pytest.approx(model.context_s, rel=0.02)
+    assert fitted.fit_record.prefill_tokens_per_s == pytest.approx(4000, rel=0.02)
+    assert fitted.fit_record.chunk_size == pytest.approx(700, abs=3)
+    assert fitted.prefill_step_s == pytest.approx(0, abs=1e-3)
+    note = fitted.observations["prefill_context_note"]
+    assert isinstance(note, str)
+    assert note.endswith("kept"), note
+    with_term = fitted.quality["prefill_context_residual_rel"]
+    without = fitted.quality["prefill_context_residual_without_rel"]
+    assert with_term is not None
+    assert without is not None
+    assert with_term < without
+    assert fitted.observations["prefill_context_steps"] == sum(math.ceil(p / 700) for p in CHUNKED)
+
+
+def test_every_chunk_size_is_predicted_with_the_context_before_each_piece():
+    model = StepModel()
+    fitted = fit(drive(model, CHUNKED).snapshot())
+    for chunk in (256, 700, 2048, None):
+        (row,) = table(fitted, 6000, 10, [chunk])
+        assert row.worst_gap_s == pytest.approx(worst_and_ttft(model, 6000, 10, chunk), rel=0.02)
+        true_total = sum(
+            model.prefill_s(p, sum(pieces(6000, chunk)[:j]))
+            for j, p in enumerate(pieces(6000, chunk))
+        )
+        decode_s = model.base_s + model.per_stream_s * 10
+        want_ttft = row.steps * decode_s + true_total + decode_s / 2
+        assert row.ttft_s == pytest.approx(want_ttft, rel=0.02)
+    # Later pieces are dearer: at 700 the worst is the last full piece, not the first.
+    (row,) = table(fitted, 6000, 10, [700])
+    first = model.base_s + model.per_stream_s * 10 + model.prefill_s(700, 0)
+    assert row.worst_gap_s > 1.5 * first
+    pool = prefill_pool(fitted, 6000, 10, kv_transfer_s=0.0)
+    assert pool.ttft_s == pytest.approx(model.base_s + model.prefill_s(6000, 0), rel=0.02)
+
+
+def test_the_largest_chunk_within_a_target_accounts_for_the_context():
+    model = StepModel()
+    fitted = fit(drive(model, CHUNKED).snapshot())
+    target_s = 0.5
+    chunk = largest_chunk(fitted, 6000, 10, target_s)
+    assert chunk is not None
+    assert worst_and_ttft(model, 6000, 10, chunk) <= target_s * 1.02
+    assert worst_and_ttft(model, 6000, 10, round(chunk * 1.05)) > target_s * 0.98
+
+
+def test_a_step_cost_and_a_context_term_are_told_apart():
+    model = StepModel(step_s=0.030)
+    fitted = fit(drive(model, CHUNKED).snapshot())
+    assert fitted.prefill_context_s == pytest.approx(model.context_s, rel=0.03)
+    assert fitted.prefill_step_s == pytest.approx(0.030, rel=0.05)
+    assert fitted.fit_record.prefill_tokens_per_s == pytest.approx(4000, rel=0.03)
+    assert fitted.observations["prefill_step_note"] is None
+
+
+def test_no_context_effect_drops_the_term_and_says_why():
+    model = StepModel(context_s=0.0)
+    fitted = fit(drive(model, CHUNKED).snapshot())
+    assert fitted.prefill_context_s == 0.0
+    assert fitted.fit_record.prefill_tokens_per_s == pytest.approx(4000, rel=1e-3)
+    assert fitted.fit_record.chunk_size == pytest.approx(700, abs=2)
+    note = fitted.observations["prefill_context_note"]
+    assert isinstance(note, str)
+    assert note.endswith("taken as 0"), note
+    # Exact stamps: either the fitted term is ~0 +- ~0, or too small to matter.
+    assert "standard errors above 0" in note or f"below {CONTEXT_MIN_SHARE:.0%}" in note
+    assert fitted.quality["prefill_context_residual_rel"] is None
+
+
+def test_unchunked_prompts_of_several_sizes_tell_the_term():
+    model = StepModel(inv_rate=1 / 250, context_s=1.5e-6, chunk=None)
+    fitted = fit(drive(model, UNCHUNKED, streams=8).snapshot())
+    assert fitted.fit_record.chunked is False
+    assert fitted.prefill_context_s == pytest.approx(model.context_s, rel=0.03)
+    assert fitted.fit_record.prefill_tokens_per_s == pytest.approx(250, rel=0.03)
+    (row,) = table(fitted, 1212, 8, [512])  # the other way: chunked, from unchunked windows
+    assert row.worst_gap_s == pytest.approx(worst_and_ttft(model, 1212, 8, 512), rel=0.03)
+
+
+def test_an_unchunked_fit_marks_every_split_row_as_extrapolated_context():
+    # Unsplit prompts show no piece after context of its own: how a piece's cost grows with
+    # the context before it (against within itself) is not seen, only assumed.
+    model = StepModel(inv_rate=1 / 250, context_s=1.5e-6, chunk=None)
+    obs = drive(model, UNCHUNKED, streams=8)
+    options = AdviceOptions(0.2, 1212, 8, chunk_sizes=(512, None))
+    advice = advise(fit(obs.snapshot()), obs.snapshot(), options, None)
+    assert advice["fit"]["range"]["context_tokens"] == [0, 0]
+    rows = {r["chunk_size"]: r["extrapolation"] for r in advice["table"]}
+    assert rows[None] == []
+    assert rows[512] == [
+        "steps of at most 512 prompt tokens, 600 at least seen",
+        "pieces after up to 1,024 tokens of their prompt, 0 at most seen",
+    ]
+
+
+def test_two_prompt_sizes_cannot_tell_the_term():
+    model = StepModel(inv_rate=1 / 250, context_s=1.5e-6, chunk=None)
+    fitted = fit(drive(model, [1200, 800], streams=8).snapshot())
+    assert fitted.prefill_context_s == 0.0
+    note = fitted.observations["prefill_context_note"]
+    assert isinstance(note, str)
+    assert "fewer than 3 different context lengths" in note
+
+
+def test_noise_without_a_context_effect_is_not_taken_for_one():
+    # Steps with jitter about a linear model: not significant, or no better on the totals.
+    points = [
+        StepPoint(x, 0, 0.004 * x * (1 + e))
+        for x, e in ((600, 0.03), (800, -0.02), (1000, 0.01), (1200, -0.03), (1400, 0.02))
+    ]
+    totals = [WindowTotal(p.tokens, 1, p.excess_s) for p in points]
+    inv = sum(p.tokens * p.excess_s for p in points) / sum(p.tokens**2 for p in points)
+    got = fit_context(points, totals, 0.0, inv)
+    assert not got.kept
+    assert got.context_s == 0.0
+    assert got.inv_rate == inv
+    assert got.note.endswith("taken as 0")
+
+
+def test_the_json_and_the_printed_report_carry_the_term():
+    model = StepModel()
+    obs = drive(model, CHUNKED)
+    fitted: Fit = fit(obs.snapshot())
+    advice = advise(fitted, obs.snapshot(), AdviceOptions(0.2, 4000, 8))
+    f = advice["fit"]
+    assert f["prefill_context_s"] == pytest.approx(model.context_s, rel=0.02)
+    assert f["observations"]["prefill_context_note"].endswith("kept")
+    assert f["quality"]["prefill_context_fitted"] == pytest.approx(model.context_s, rel=0.02)
+    assert f["quality"]["prefill_context_stderr"] >= 0
+    text = render(advice)
+    assert "a token per 1,000 tokens of context" in text
+
+
+def test_the_range_the_fit_saw_and_the_extrapolated_rows():
+    model = StepModel()
+    obs = drive(model, CHUNKED)
+    fitted = fit(obs.snapshot())
+    options = AdviceOptions(0.2, 4000, 8, chunk_sizes=(512, 700, 1024, None))
+    advice = advise(fitted, obs.snapshot(), options, None)
+    assert advice["fit"]["range"] == {
+        "prompt_tokens": [2600, 5300],
+        "streams": [1, 12],
+        "step_tokens": [300, 700],  # pieces of 700 and the remainders
+        "context_tokens": [0, 4900],  # the last piece of 5,300
+    }
+    rows = {r["chunk_size"]: r["extrapolation"] for r in advice["table"]}
+    assert rows[700] == []
+    assert rows[512] == []  # smaller steps than seen, but not below the smallest
+    assert rows[1024] == ["steps of up to 1,024 prompt tokens, 700 at most seen"]
+    assert rows[None] == ["steps of up to 4,000 prompt tokens, 700 at most seen"]
+    assert advice["engine"]["name"] == "llama.cpp"  # the label, with no probe
+    assert advice["engine"]["probe_error"] == "not asked yet"
+    text = render(advice)
+    assert "fitted on prompts of 2,600-5,300 tokens, 1-12 streams decoding" in text
+    assert "   1024*" in text
+    assert "700*" not in text  # within range: no mark
+    assert "* none: extrapolated (steps of up to 4,000 prompt tokens, 700 at most seen)" in text
+    far = advise(fitted, obs.snapshot(), AdviceOptions(0.2, 9000, 30, chunk_sizes=(700,)), None)
+    (row,) = far["table"]
+    assert row["extrapolation"] == [
+        "9,000 prompt tokens, outside the 2,600-5,300 seen",
+        "30 streams decoding, outside the 1-12 seen",
+        "pieces after up to 8,400 tokens of their prompt, 4,900 at most seen",
+    ]
