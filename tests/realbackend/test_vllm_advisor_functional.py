@@ -187,6 +187,9 @@ class EngineCheck:
     engine_prefill_s: float
     predicted_s: float
     """The fit's row at the fit's own chunk: its steps' sum (TTFT minus half a decode step)."""
+    gaps_ms: tuple[int, ...]
+    """One stream decoding through it: its gaps from the one before it was forwarded to the
+    one after its first token, ms (what the advisor counts the steps that carried it by)."""
 
 
 async def _engine_checks(proxy: RecordedProxy, fit: dict[str, Any]) -> list[EngineCheck]:
@@ -202,15 +205,20 @@ async def _engine_checks(proxy: RecordedProxy, fit: dict[str, Any]) -> list[Engi
             continue
         tf = proxy.watcher.forwarded_ns[rid]
         t1 = proxy.watcher.output_ns[rid][0]
-        streams = sum(
-            1
+        through = [
+            i
             for i in range(STREAMS)
             if proxy.watcher.output_ns[f"fit-{i}"][0] < tf
             and proxy.watcher.finished_ns[f"fit-{i}"] > t1
-        )
+        ]
+        streams = len(through)
+        stamps = proxy.watcher.output_ns[f"fit-{through[-1]}"] if through else []
+        first = max((k for k, t in enumerate(stamps) if t <= tf), default=0)
+        last = next((k for k, t in enumerate(stamps) if t > t1), len(stamps) - 1)
+        gaps = tuple(round((b - a) / 1e6) for a, b in itertools.pairwise(stamps[first : last + 2]))
         (row,) = (await _advice(proxy.admin_url, record.prompt_tokens, streams, chunk))["table"]
         window = row["ttft_s"] - (d["base"] + d["per_stream"] * streams) / 2
-        out.append(EngineCheck(record.prompt_tokens, streams, timings.prefill_s, window))
+        out.append(EngineCheck(record.prompt_tokens, streams, timings.prefill_s, window, gaps))
     return out
 
 
@@ -219,6 +227,8 @@ class Direction:
     """The fit at one budget against the other budget's measured run."""
 
     fit_budget: int
+    engine_name: str
+    """What the advice says it fitted."""
     fit: dict[str, Any]
     row: dict[str, Any]
     measured: Measured
@@ -255,8 +265,10 @@ class Direction:
             f"{m.budget}: {m.prompt_tokens}-token prompt, {STREAMS} streams decoding",
             f"  fitted: decode {d['base'] * 1e3:.1f} ms + {d['per_stream'] * 1e3:.2f} ms x "
             f"streams, prefill {fit['prefill_tokens_per_s']:.0f} tokens/s, "
-            f"{fit['prefill_step_s'] * 1e3:.0f} ms a prefill step, {chunk}"
-            + (f" ({obs['prefill_step_note']})" if obs.get("prefill_step_note") else ""),
+            f"{fit['prefill_step_s'] * 1e3:.0f} ms a prefill step, "
+            f"{fit['prefill_context_s'] * 1e9:.0f} ns more a token per token of context, {chunk}",
+            *(f"  {obs[k]}" for k in ("prefill_step_note", "prefill_context_note") if obs.get(k)),
+            f"  engine: {self.engine_name}; extrapolation: {self.row['extrapolation'] or 'none'}",
             f"  measured decode step outside the window {m.decode_step_s * 1e3:.1f} ms",
             f"  {'cell':32} {'predicted':>10} {'measured':>10} {'error':>7}",
         ]
@@ -270,7 +282,8 @@ class Direction:
             lines.append(
                 f"  fit prompt {e.prompt_tokens} tokens, {e.streams} streams: vLLM's own prefill "
                 f"{e.engine_prefill_s * 1e3:.0f} ms, the fit's window {e.predicted_s * 1e3:.0f} ms "
-                f"({e.predicted_s / e.engine_prefill_s - 1:+.1%})"
+                f"({e.predicted_s / e.engine_prefill_s - 1:+.1%}); a stream's gaps "
+                f"{' '.join(map(str, e.gaps_ms))} ms"
             )
         return "\n".join(lines)
 
@@ -318,7 +331,8 @@ async def test_fit_at_one_budget_predicts_the_other(
         assert backend["status"] == "ok", backend["missing"]
         (row,) = backend["table"]
         engine = await _engine_checks(fits[fit_budget], backend["fit"])
-        directions.append(Direction(fit_budget, backend["fit"], row, m, engine))
+        name = backend["engine"]["name"]
+        directions.append(Direction(fit_budget, name, backend["fit"], row, m, engine))
     report = "\n".join(d.table() for d in directions)
     print("\n" + report)
     failures = [f for d in directions for f in d.failures()]
