@@ -75,8 +75,8 @@ def llamacpp(gguf_model: Path) -> Iterator[LlamaCppServer]:
 
 
 @pytest.fixture(scope="session")
-def vllm() -> Iterator[VllmServer]:
-    """vLLM serving the random model (``tiny``) from ``.venv-vllm``, for the session.
+def vllm_model() -> tuple[Path, Path]:
+    """vLLM's python (``.venv-vllm``) and the random model as a Hugging Face folder.
 
     Skipped when that virtualenv is missing, unless ``TOKENSTAMP_REQUIRE_VLLM=1``
     (``make test-vllm`` sets it), which turns the skip into a failure.
@@ -89,10 +89,34 @@ def vllm() -> Iterator[VllmServer]:
         pytest.skip(msg)
     t0 = time.monotonic()
     model = write_hf_model(python)
-    model_s = time.monotonic() - t0
+    print(f"\nvLLM: model ready in {time.monotonic() - t0:.1f} s")
+    return python, model
+
+
+@pytest.fixture(scope="session")
+def vllm(vllm_model: tuple[Path, Path]) -> Iterator[VllmServer]:
+    """vLLM serving the random model (``tiny``) for the session, with the CPU build's default
+    ``--max-num-batched-tokens`` (2048) given explicitly."""
+    python, model = vllm_model
     with VllmServer(python, model, free_port()) as srv:
-        print(f"\nvLLM: model ready in {model_s:.1f} s, server healthy in {srv.started_s:.1f} s")
+        print(f"\nvLLM: server healthy in {srv.started_s:.1f} s")
         yield srv
+
+
+@pytest.fixture
+def vllm_factory(vllm_model: tuple[Path, Path]) -> Iterator[Callable[..., VllmServer]]:
+    """Start vLLM servers with another ``--max-num-batched-tokens``; stopped after the test."""
+    python, model = vllm_model
+    started: list[VllmServer] = []
+
+    def make(max_num_batched_tokens: int) -> VllmServer:
+        srv = VllmServer(python, model, free_port(), max_num_batched_tokens)
+        started.append(srv)
+        return srv.start()
+
+    yield make
+    for srv in started:
+        srv.__exit__(None, None, None)
 
 
 @pytest.fixture

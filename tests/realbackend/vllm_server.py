@@ -74,10 +74,15 @@ class VllmServer(ServerProcess):
     own_group = True
     tail_chars = 4000
 
-    def __init__(self, python: Path, model: Path, port: int) -> None:
+    def __init__(
+        self, python: Path, model: Path, port: int, max_num_batched_tokens: int = 2048
+    ) -> None:
         super().__init__(port, "vllm-")
         self.python = python
         self.model = model
+        self.max_num_batched_tokens = max_num_batched_tokens
+        """Tokens one engine step computes at most, decode and prefill together (the chunk
+        size knob: chunked prefill is always on in vLLM V1). 2048 is the CPU build's default."""
         self.per_request_metrics, self.version = per_request_metrics(python)
         """The installed vLLM can put per-request metrics in its answers (then it does)."""
 
@@ -97,6 +102,7 @@ class VllmServer(ServerProcess):
             "--host", "127.0.0.1", "--port", str(self.port),
             "--dtype", "float32", "--enforce-eager", "--max-model-len", "4096",
             "--max-num-seqs", "16", "--disable-uvicorn-access-log",
+            "--max-num-batched-tokens", str(self.max_num_batched_tokens),
         ]  # fmt: skip
         if self.per_request_metrics:  # queue and prefill time in the final usage chunk
             cmd.append("--enable-per-request-metrics")
