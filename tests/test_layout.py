@@ -149,7 +149,8 @@ def test_the_proxy_folder_keeps_its_top_level_small():
 def _pure_modules() -> list[str]:
     core = [m for m in _modules() if _within(m, "proxy.core")]
     advisor = [
-        f"proxy.advisor.{m}" for m in ("observations", "context", "fit", "predict", "report")
+        f"proxy.advisor.{m}"
+        for m in ("observations", "context", "pieces", "fit", "predict", "report")
     ]
     return sorted([*core, "proxy.timeline.buffer", "proxy.timeline.tokenlog", *advisor])
 

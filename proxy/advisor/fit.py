@@ -52,13 +52,22 @@ and an engine that queues requests (TTFT then contains waiting, not prefill).
 
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import dataclass, field
 
-from proxy.advisor.context import StepPoint, WindowTotal, fit_context, total_s
+from proxy.advisor.context import fit_context, total_s
 from proxy.advisor.observations import ObservationSnapshot, WindowObservation
-from proxy.advisor.regression import least_squares
+from proxy.advisor.pieces import (
+    WindowFit,
+    chunk_by_pieces,
+    context_points,
+    fit_chunk,
+    is_split,
+    piece_count,
+    rms,
+    step_line,
+    windows_residual,
+)
 from proxy.core.backend_fit import BackendFitRecord
 
 MIN_GAPS_PER_COUNT = 5
@@ -75,35 +84,6 @@ MEASURABLE_MIN_S = 0.003
 """A window's total excess must exceed this (s) ..."""
 MEASURABLE_RATIO = 0.25
 """... and this share of the decode step to measure the prefill rate."""
-SPLIT_RATIO = 0.9
-"""A window whose full piece is below this share of its prompt was split into chunks."""
-STEP_SIGNIFICANCE = 2.0
-"""A fixed cost per prefill step is kept only this many standard errors above 0."""
-CHUNK_CANDIDATES = 48
-"""Chunk sizes tried at most per round when the context term moves the chunk."""
-
-
-@dataclass(frozen=True, slots=True)
-class WindowFit:
-    """What one prefill window showed, once the decode step is known."""
-
-    request_id: str
-    """The request prefilled."""
-    prompt_tokens: int
-    """Its uncached prompt tokens."""
-    excess_s: float
-    """Time the engine spent on its prompt (median over reference streams), s."""
-    pieces: int
-    """Steps that carried a piece of it (median over reference streams); 0 when alone."""
-    full_piece_s: float
-    """Excess of one full piece, s."""
-    last_piece_s: float
-    """Excess of the last step that carried a piece of it (the remainder when split), s."""
-    alone: bool
-    """No stream was decoding: measured from its upstream TTFT."""
-    piece_s: tuple[float, ...] = ()
-    """Excess of each step that carried a piece of it, in order (per step, the median over the
-    reference streams that saw ``pieces`` of them); empty when alone or none agreed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,18 +168,18 @@ def fit(snapshot: ObservationSnapshot) -> Fit:
     if inv_rate <= 0:
         missing.append("prefills that cost measurable time (all excesses were zero)")
         return Fit(record, observations, quality, tuple(missing), tuple(windows))
-    chunk, chunked, spread, largest_unsplit, n_split = _fit_chunk(usable, 1.0 / inv_rate, 0.0)
-    split = [w for w in usable if _is_split(w, 1.0 / inv_rate, 0.0)] if chunked else []
-    line = _step_line(usable, split, chunk)
+    chunk, chunked, spread, largest_unsplit, n_split = fit_chunk(usable, 1.0 / inv_rate, 0.0)
+    split = [w for w in usable if is_split(w, 1.0 / inv_rate, 0.0)] if chunked else []
+    line = step_line(usable, split, chunk)
     step_s = 0.0
     note = line.note
     if line.step_s is not None:
-        again = _fit_chunk(usable, 1.0 / line.inv_rate, line.step_s) if chunked else None
+        again = fit_chunk(usable, 1.0 / line.inv_rate, line.step_s) if chunked else None
         new_chunk = again[0] if again is not None else chunk
         # The windows' totals telescope (a late step and an early one cancel): the step cost
         # must explain them better than none does, else single steps' jitter made it.
-        with_step = _totals_residual(usable, new_chunk, line.step_s, line.inv_rate)
-        without = _totals_residual(usable, chunk, 0.0, inv_rate)
+        with_step = windows_residual(usable, new_chunk, line.step_s, line.inv_rate)
+        without = windows_residual(usable, chunk, 0.0, inv_rate)
         if with_step < without:
             step_s, inv_rate = line.step_s, line.inv_rate
             quality["prefill_step_residual_rel"] = line.residual_rel
@@ -213,14 +193,14 @@ def fit(snapshot: ObservationSnapshot) -> Fit:
             )
     observations["prefill_steps"] = len(line.tokens)
     observations["prefill_step_tokens"] = line.tokens_range(chunk)
-    points, totals = _context_points(usable, split, chunk)
+    points, totals = context_points(usable, split, chunk)
     context = fit_context(points, totals, step_s, inv_rate)
     if context.kept and chunked and chunk is not None:
         # The chunk found without the term is off (the pieces' context made them dearer, so
         # fewer tokens seemed to fit): the one whose steps the context term explains best.
-        better = _chunk_by_pieces(usable, split, chunk)
+        better = chunk_by_pieces(usable, split, chunk)
         if better != chunk:
-            points, totals = _context_points(usable, split, better)
+            points, totals = context_points(usable, split, better)
             refit = fit_context(points, totals, step_s, inv_rate)
             if refit.kept:
                 chunk, context = better, refit
@@ -239,15 +219,12 @@ def fit(snapshot: ObservationSnapshot) -> Fit:
     quality["prefill_context_residual_without_rel"] = context.residual_without_rel
     rate = 1.0 / inv_rate
     c_s = context.context_s
-    quality["prefill_residual_rel"] = _rms(
-        [
-            (
-                w.excess_s
-                - total_s(step_s, inv_rate, c_s, w.prompt_tokens, _steps(w.prompt_tokens, chunk))
-            )
-            / w.excess_s
-            for w in usable
-        ]
+    modelled = [
+        total_s(step_s, inv_rate, c_s, w.prompt_tokens, piece_count(w.prompt_tokens, chunk))
+        for w in usable
+    ]
+    quality["prefill_residual_rel"] = rms(
+        [(w.excess_s - m) / w.excess_s for w, m in zip(usable, modelled, strict=True)]
     )
     observations["prefill_windows_chunked"] = n_split
     observations["largest_unsplit_prompt_tokens"] = largest_unsplit
@@ -294,7 +271,7 @@ def _fit_decode(
     if base <= 0:
         missing.append("decode gaps over a wider range of stream counts (the fit's base was < 0)")
         return None, None, None, counts, total
-    rel = _rms([(y - base - per_stream * n) / y for n, y, _ in points])
+    rel = rms([(y - base - per_stream * n) / y for n, y, _ in points])
     return base, per_stream, rel, counts, total
 
 
@@ -373,217 +350,3 @@ def _window_fit(window: WindowObservation, prompt_tokens: int, decode: Fit) -> W
         alone=False,
         piece_s=tuple(statistics.median(step) for step in zip(*agreeing, strict=True)),
     )
-
-
-def _fit_chunk(
-    windows: list[WindowFit], rate: float, step_s: float
-) -> tuple[int | None, bool | None, float | None, int | None, int]:
-    """(chunk size, chunked?, spread of the estimates, largest unsplit prompt, split windows).
-
-    A full piece costs ``step_s + chunk / rate`` (with a context term, ``_chunk_by_pieces``
-    finds it again).
-    """
-    seen = [w for w in windows if not w.alone and w.pieces >= 1]
-    if not seen:
-        return None, None, None, None, 0
-    split: list[WindowFit] = []
-    unsplit: list[int] = []
-    for w in seen:
-        if _is_split(w, rate, step_s):
-            split.append(w)
-        else:
-            unsplit.append(w.prompt_tokens)
-    largest_unsplit = max(unsplit) if unsplit else None
-    if not split:
-        return None, False, None, largest_unsplit, 0
-    estimates = [(w.full_piece_s - step_s) * rate for w in split]
-    chunk = max(1.0, statistics.median(estimates))
-    spread = _rms([(e - chunk) / chunk for e in estimates])
-    low, high = 1.0, math.inf
-    for w in split:
-        # k pieces of at most ``chunk``: P / k <= chunk < P / (k - 1).
-        lo, hi = w.prompt_tokens / w.pieces, w.prompt_tokens / (w.pieces - 1)
-        if lo * 0.9 <= chunk < hi * 1.1:  # a miscounted piece would mislead: skip it
-            low, high = max(low, lo), min(high, hi)
-    if low < high:
-        chunk = min(max(chunk, low), math.nextafter(high, 0))
-    return round(chunk), True, spread, largest_unsplit, len(split)
-
-
-def _context_points(
-    windows: list[WindowFit], split: list[WindowFit], chunk: int | None
-) -> tuple[list[StepPoint], list[WindowTotal]]:
-    """Each prefill step seen at the context before it, and each window's total.
-
-    A split window's pieces are used when their count is what ``chunk`` gives its prompt
-    (then the j-th one has ``j x chunk`` tokens before it); an unsplit window is one step.
-    A window measured alone (from its first token) is one step too when prompts are not
-    split (else it is several, whose costs its first token cannot tell apart).
-    """
-    points: list[StepPoint] = []
-    totals: list[WindowTotal] = []
-    for w in windows:
-        totals.append(WindowTotal(w.prompt_tokens, _steps(w.prompt_tokens, chunk), w.excess_s))
-        if w.alone:
-            if chunk is None:
-                points.append(StepPoint(w.prompt_tokens, 0, w.excess_s))
-            continue
-        if w in split:
-            k = _steps(w.prompt_tokens, chunk)
-            if chunk is None or len(w.piece_s) != k or w.pieces != k:
-                continue
-            for j, y in enumerate(w.piece_s):
-                tokens = chunk if j < k - 1 else w.prompt_tokens - (k - 1) * chunk
-                points.append(StepPoint(tokens, j * chunk, y))
-        else:
-            points.append(StepPoint(w.prompt_tokens, 0, w.excess_s))
-    return points, totals
-
-
-def _chunk_by_pieces(windows: list[WindowFit], split: list[WindowFit], chunk: int) -> int:
-    """The chunk within the bounds the split windows agree on whose steps, at the context
-    each had, fit ``step + tokens / rate + context x (L x + x^2 / 2)`` best (least squares);
-    a coarse grid, then every size around the best."""
-    low, high = 1.0, math.inf
-    for w in split:
-        lo, hi = w.prompt_tokens / w.pieces, w.prompt_tokens / (w.pieces - 1)
-        if lo * 0.9 <= chunk < hi * 1.1:  # as ``_fit_chunk``: a miscounted window is skipped
-            low, high = max(low, lo), min(high, hi)
-    first, last = math.ceil(low), math.ceil(high) - 1
-    if high == math.inf or first >= last:
-        return chunk
-
-    def sse(size: int) -> float:
-        points = _context_points(windows, split, size)[0]
-        xs = [[p.context_tokens * p.tokens + p.tokens**2 / 2, 1.0, p.tokens] for p in points]
-        ys = [p.excess_s for p in points]
-        solved = least_squares(xs, ys)
-        if solved is None:
-            return math.inf
-        beta = solved[0]
-        return sum(
-            (y - sum(b * v for b, v in zip(beta, x, strict=True))) ** 2
-            for x, y in zip(xs, ys, strict=True)
-        )
-
-    stride = max(1, (last - first) // CHUNK_CANDIDATES)
-    best = min(range(first, last + 1, stride), key=sse)
-    return min(range(max(first, best - stride), min(last, best + stride) + 1), key=sse)
-
-
-def _is_split(w: WindowFit, rate: float, step_s: float) -> bool:
-    """Several steps carried it, each a clear part of it."""
-    piece_tokens = (w.full_piece_s - step_s) * rate
-    return not w.alone and w.pieces >= 2 and piece_tokens < SPLIT_RATIO * w.prompt_tokens
-
-
-@dataclass(frozen=True, slots=True)
-class _StepLine:
-    """Prefill steps' excess against their tokens (see the module's docstring)."""
-
-    tokens: tuple[tuple[int, int], ...]
-    """(prompt tokens, pieces) of each point's window; pieces 0: the full piece of a split one,
-    1: unsplit, else the last piece of a split one."""
-    step_s: float | None
-    """The fixed cost per step; ``None``: not told from 0."""
-    inv_rate: float
-    """s per prompt token (meaningful only with ``step_s``)."""
-    residual_rel: float | None
-    """Relative RMS of the points about the fit."""
-    note: str | None
-    """Why ``step_s`` is ``None``."""
-
-    def tokens_range(self, chunk: int | None) -> list[int] | None:
-        """Fewest and most prompt tokens one of the points carried, at ``chunk``."""
-        sizes = [
-            p if k == 1 else (chunk or 0) if k == 0 else p - (k - 1) * (chunk or 0)
-            for p, k in self.tokens
-        ]
-        return [min(sizes), max(sizes)] if sizes else None
-
-
-def _step_line(windows: list[WindowFit], split: list[WindowFit], chunk: int | None) -> _StepLine:
-    """Least squares of each prefill step's excess = ``step_s + tokens / rate``.
-
-    A split window of ``P`` tokens in ``k`` pieces gives two points with the chunk unknown:
-    its full piece, ``step_s + chunk / rate``, and its last, ``step_s + (P - (k - 1) chunk)
-    / rate``; linear in ``(step_s, 1 / rate, chunk / rate)``. An unsplit window is one point.
-    The last piece is used only when ``k`` agrees with ``chunk`` (the first estimate): a
-    piece too small to tell from a decode step goes uncounted, and its window's last step
-    seen is a full one.
-    """
-    xs: list[list[float]] = []
-    ys: list[float] = []
-    tokens: list[tuple[int, int]] = []
-    for w in windows:
-        if w.alone:
-            continue
-        if w in split:
-            xs.append([1.0, 0.0, 1.0])
-            ys.append(w.full_piece_s)
-            tokens.append((w.prompt_tokens, 0))
-            if w.pieces == _steps(w.prompt_tokens, chunk):
-                xs.append([1.0, float(w.prompt_tokens), 1.0 - w.pieces])
-                ys.append(w.last_piece_s)
-                tokens.append((w.prompt_tokens, w.pieces))
-        else:
-            xs.append([1.0, float(w.prompt_tokens), 0.0])
-            ys.append(w.excess_s)
-            tokens.append((w.prompt_tokens, 1))
-    if not xs:  # an idle backend: first tokens, one step each as far as is known
-        for w in windows:
-            xs.append([1.0, float(w.prompt_tokens), 0.0])
-            ys.append(w.excess_s)
-            tokens.append((w.prompt_tokens, 1))
-    n_params = 3 if split else 2
-    xs = [x[:n_params] for x in xs]
-    seen = f"{len(ys)} prefill steps"
-    solved = least_squares(xs, ys) if len(ys) > n_params else None
-    if solved is None:
-        note = f"{seen}: too few, or too alike, to tell a fixed cost per step from the rate"
-        return _StepLine(tuple(tokens), None, 0.0, None, note + "; taken as 0")
-    beta, se_step = solved
-    step_s, inv_rate = beta[0], beta[1]
-    if inv_rate <= 0 or step_s < 2 * se_step:
-        why = (
-            "bigger steps dearer per token, e.g. attention over a long prompt"
-            if step_s < -se_step - 1e-6
-            else f"not {STEP_SIGNIFICANCE:g} standard errors above it"
-        )
-        note = (
-            f"{seen}: the fixed cost per step, {step_s * 1e3:.1f} +- {se_step * 1e3:.1f} ms, "
-            f"is not told from 0 ({why})"
-        )
-        return _StepLine(tuple(tokens), None, 0.0, None, note + "; taken as 0")
-    residual = _rms(
-        [
-            (y - sum(b * xi for b, xi in zip(beta, x, strict=True))) / y
-            for x, y in zip(xs, ys, strict=True)
-            if y > 0
-        ]
-    )
-    return _StepLine(tuple(tokens), step_s, inv_rate, residual, None)
-
-
-def _totals_residual(
-    windows: list[WindowFit], chunk: int | None, step_s: float, inv_rate: float
-) -> float:
-    """Relative RMS of the windows' total excess about ``steps x step_s + P x inv_rate``."""
-    rel = [
-        (w.excess_s - _steps(w.prompt_tokens, chunk) * step_s - w.prompt_tokens * inv_rate)
-        / w.excess_s
-        for w in windows
-        if w.excess_s > 0
-    ]
-    return _rms(rel) or 0.0
-
-
-def _steps(prompt_tokens: int, chunk: int | None) -> int:
-    """Steps a prompt takes at ``chunk`` (``None``: one)."""
-    return 1 if chunk is None else max(1, math.ceil(prompt_tokens / chunk))
-
-
-def _rms(values: list[float]) -> float | None:
-    if not values:
-        return None
-    return math.sqrt(sum(v * v for v in values) / len(values))
