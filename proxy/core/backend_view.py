@@ -61,6 +61,7 @@ log = logging.getLogger("tokenstamp.stalls")
 _MAX_DESCRIBED = 4096
 _MAX_PENDING = 65536
 _RECENT_CULPRITS = 64
+_NEVER = 1 << 62  # later than any stamp (nanoseconds: 146 years)
 
 
 class _Window:
@@ -134,6 +135,11 @@ class BackendView:
         self._described: OrderedDict[str, _Described] = OrderedDict()
         self._open: OrderedDict[str, _Window] = OrderedDict()  # forwarded order
         self._closed: deque[_Window] = deque()  # first-token order, not yet reported
+        # The head of ``_closed`` cannot be final while "now" is at or before this: its
+        # first token plus the shorter of tol and max_delay (``_NEVER`` when none is closed).
+        # Per token ``_settle_windows`` is then one comparison, not a call.
+        self._closed_wait_ns = min(self._tol_ns, self._delay_ns)
+        self._closed_due_ns = _NEVER
         self._active: OrderedDict[str, int] = OrderedDict()  # stream -> last token, oldest first
         # stream -> last window the oldest-open rule named for it (None: none yet); a
         # finished stream's entry stays until the stalls pending at its end are decided
@@ -192,6 +198,8 @@ class BackendView:
             window = self._open.pop(request_id, None)
             if window is not None:
                 window.first_token_ns = first_token_ns
+                if not self._closed:
+                    self._closed_due_ns = first_token_ns + self._closed_wait_ns
                 self._closed.append(window)
             self._active[request_id] = first_token_ns
         except Exception:
@@ -202,8 +210,8 @@ class BackendView:
         try:
             now = self._now_ns
             if now is None or end_ns > now:
-                self._now_ns = end_ns
-            if self._pending or self._closed:  # ``_advance``, inlined: once per token
+                now = self._now_ns = end_ns
+            if self._pending or now > self._closed_due_ns:  # ``_advance``'s tests, inlined
                 self._advance(end_ns)
             active = self._active
             active[request_id] = end_ns
@@ -287,7 +295,7 @@ class BackendView:
         # Called for every stream event: skip the calls when nothing waits.
         if self._pending:
             self._settle_gaps(now)
-        if self._closed:
+        if now > self._closed_due_ns:
             self._settle_windows(now)
 
     def _settle_gaps(self, now: int) -> None:
@@ -388,6 +396,7 @@ class BackendView:
             window = closed[0]
             t1 = window.first_token_ns
             assert t1 is not None
+            self._closed_due_ns = t1 + self._closed_wait_ns
             if now - t1 <= self._delay_ns:
                 if now - t1 <= tol or self._pending:
                     return
@@ -395,13 +404,14 @@ class BackendView:
                     return  # a stream's gap started inside the window and has not ended
             closed.popleft()
             self._report_prefill(window, t1)
+        self._closed_due_ns = _NEVER
 
     def _oldest_other_token_ns(self, request_id: str) -> int:
         """Last token of the stream silent the longest, ``request_id``'s own left out."""
         for rid, last_ns in self._active.items():  # oldest first: at most two steps
             if rid != request_id:
                 return last_ns
-        return 1 << 62
+        return _NEVER
 
     def _report_stall(self, record: StallRecord) -> None:
         try:
