@@ -78,12 +78,14 @@ class _Window:
         "stalls",
     )
 
-    def __init__(self, request_id: str, forwarded_ns: int, described: _Described | None) -> None:
+    def __init__(
+        self, request_id: str, forwarded_ns: int, labels: RequestLabels | None, hint: int | None
+    ) -> None:
         self.request_id = request_id
-        self.forwarded_ns = forwarded_ns
+        self.forwarded_ns = forwarded_ns  # 0 until forwarded (a described request's window)
         self.first_token_ns: int | None = None
-        self.labels = described.labels if described is not None else None
-        self.prompt_tokens_hint = described.prompt_tokens_hint if described is not None else None
+        self.labels = labels
+        self.prompt_tokens_hint = hint
         self.stalls = 0
         self.stalled_streams = 0
         self.cost_ns = 0.0
@@ -93,15 +95,8 @@ def _tenant_of(window: _Window) -> str:
     return window.labels.tenant if window.labels is not None else ""
 
 
-class _Described:
-    """What the app told about a request before it was forwarded."""
-
-    __slots__ = ("labels", "prompt_tokens_hint", "streamed")
-
-    def __init__(self, labels: RequestLabels, hint: int | None, streamed: bool) -> None:
-        self.labels = labels
-        self.prompt_tokens_hint = hint
-        self.streamed = streamed
+_UNSTREAMED = _Window("", 0, None, None)
+"""What ``describe`` keeps for a request described as not streamed (it gets no window)."""
 
 
 class _Pending:
@@ -132,7 +127,8 @@ class BackendView:
         self._tol_ns = self.settings.tolerance_ns
         self._delay_ns = self.settings.max_delay_ns
         self._now_ns: int | None = None
-        self._described: OrderedDict[str, _Described] = OrderedDict()
+        # request -> its window made by ``describe`` (labels and hint; opened by ``forwarded``)
+        self._described: OrderedDict[str, _Window] = OrderedDict()
         self._open: OrderedDict[str, _Window] = OrderedDict()  # forwarded order
         self._closed: deque[_Window] = deque()  # first-token order, not yet reported
         # The head of ``_closed`` cannot be final while "now" is at or before this: its
@@ -167,7 +163,9 @@ class BackendView:
         A request described as not streamed has no visible first token, so it
         gets no prefill window (it can never be named, nor block the FIFO rule).
         """
-        self._described[request_id] = _Described(labels, prompt_tokens_hint, streamed)
+        self._described[request_id] = (
+            _Window(request_id, 0, labels, prompt_tokens_hint) if streamed else _UNSTREAMED
+        )
         if len(self._described) > _MAX_DESCRIBED:
             self._described.popitem(last=False)
 
@@ -182,12 +180,17 @@ class BackendView:
                 window.forwarded_ns = forwarded_ns
                 self._open.move_to_end(request_id)
                 return
-            described = self._described.pop(request_id, None)
-            if described is not None and not described.streamed:
+            window = self._described.pop(request_id, None)
+            if window is None:
+                window = _Window(request_id, forwarded_ns, None, None)
+            elif window is _UNSTREAMED:
                 return
-            self._open[request_id] = _Window(request_id, forwarded_ns, described)
-            if described is not None and described.labels.tenant:
-                self._tenants[request_id] = described.labels.tenant
+            else:
+                window.forwarded_ns = forwarded_ns
+                labels = window.labels
+                if labels is not None and labels.tenant:
+                    self._tenants[request_id] = labels.tenant
+            self._open[request_id] = window
         except Exception:  # telemetry never breaks traffic
             log.exception("stall view: forwarded failed")
 
