@@ -61,6 +61,7 @@ log = logging.getLogger("tokenstamp.stalls")
 _MAX_DESCRIBED = 4096
 _MAX_PENDING = 65536
 _RECENT_CULPRITS = 64
+_NEVER = 1 << 62  # later than any stamp (nanoseconds: 146 years)
 
 
 class _Window:
@@ -77,12 +78,14 @@ class _Window:
         "stalls",
     )
 
-    def __init__(self, request_id: str, forwarded_ns: int, described: _Described | None) -> None:
+    def __init__(
+        self, request_id: str, forwarded_ns: int, labels: RequestLabels | None, hint: int | None
+    ) -> None:
         self.request_id = request_id
-        self.forwarded_ns = forwarded_ns
+        self.forwarded_ns = forwarded_ns  # 0 until forwarded (a described request's window)
         self.first_token_ns: int | None = None
-        self.labels = described.labels if described is not None else None
-        self.prompt_tokens_hint = described.prompt_tokens_hint if described is not None else None
+        self.labels = labels
+        self.prompt_tokens_hint = hint
         self.stalls = 0
         self.stalled_streams = 0
         self.cost_ns = 0.0
@@ -92,15 +95,8 @@ def _tenant_of(window: _Window) -> str:
     return window.labels.tenant if window.labels is not None else ""
 
 
-class _Described:
-    """What the app told about a request before it was forwarded."""
-
-    __slots__ = ("labels", "prompt_tokens_hint", "streamed")
-
-    def __init__(self, labels: RequestLabels, hint: int | None, streamed: bool) -> None:
-        self.labels = labels
-        self.prompt_tokens_hint = hint
-        self.streamed = streamed
+_UNSTREAMED = _Window("", 0, None, None)
+"""What ``describe`` keeps for a request described as not streamed (it gets no window)."""
 
 
 class _Pending:
@@ -131,9 +127,15 @@ class BackendView:
         self._tol_ns = self.settings.tolerance_ns
         self._delay_ns = self.settings.max_delay_ns
         self._now_ns: int | None = None
-        self._described: OrderedDict[str, _Described] = OrderedDict()
+        # request -> its window made by ``describe`` (labels and hint; opened by ``forwarded``)
+        self._described: OrderedDict[str, _Window] = OrderedDict()
         self._open: OrderedDict[str, _Window] = OrderedDict()  # forwarded order
         self._closed: deque[_Window] = deque()  # first-token order, not yet reported
+        # The head of ``_closed`` cannot be final while "now" is at or before this: its
+        # first token plus the shorter of tol and max_delay (``_NEVER`` when none is closed).
+        # Per token ``_settle_windows`` is then one comparison, not a call.
+        self._closed_wait_ns = min(self._tol_ns, self._delay_ns)
+        self._closed_due_ns = _NEVER
         self._active: OrderedDict[str, int] = OrderedDict()  # stream -> last token, oldest first
         # stream -> last window the oldest-open rule named for it (None: none yet); a
         # finished stream's entry stays until the stalls pending at its end are decided
@@ -161,7 +163,9 @@ class BackendView:
         A request described as not streamed has no visible first token, so it
         gets no prefill window (it can never be named, nor block the FIFO rule).
         """
-        self._described[request_id] = _Described(labels, prompt_tokens_hint, streamed)
+        self._described[request_id] = (
+            _Window(request_id, 0, labels, prompt_tokens_hint) if streamed else _UNSTREAMED
+        )
         if len(self._described) > _MAX_DESCRIBED:
             self._described.popitem(last=False)
 
@@ -176,12 +180,17 @@ class BackendView:
                 window.forwarded_ns = forwarded_ns
                 self._open.move_to_end(request_id)
                 return
-            described = self._described.pop(request_id, None)
-            if described is not None and not described.streamed:
+            window = self._described.pop(request_id, None)
+            if window is None:
+                window = _Window(request_id, forwarded_ns, None, None)
+            elif window is _UNSTREAMED:
                 return
-            self._open[request_id] = _Window(request_id, forwarded_ns, described)
-            if described is not None and described.labels.tenant:
-                self._tenants[request_id] = described.labels.tenant
+            else:
+                window.forwarded_ns = forwarded_ns
+                labels = window.labels
+                if labels is not None and labels.tenant:
+                    self._tenants[request_id] = labels.tenant
+            self._open[request_id] = window
         except Exception:  # telemetry never breaks traffic
             log.exception("stall view: forwarded failed")
 
@@ -192,6 +201,8 @@ class BackendView:
             window = self._open.pop(request_id, None)
             if window is not None:
                 window.first_token_ns = first_token_ns
+                if not self._closed:
+                    self._closed_due_ns = first_token_ns + self._closed_wait_ns
                 self._closed.append(window)
             self._active[request_id] = first_token_ns
         except Exception:
@@ -202,8 +213,8 @@ class BackendView:
         try:
             now = self._now_ns
             if now is None or end_ns > now:
-                self._now_ns = end_ns
-            if self._pending or self._closed:  # ``_advance``, inlined: once per token
+                now = self._now_ns = end_ns
+            if self._pending or now > self._closed_due_ns:  # ``_advance``'s tests, inlined
                 self._advance(end_ns)
             active = self._active
             active[request_id] = end_ns
@@ -287,7 +298,7 @@ class BackendView:
         # Called for every stream event: skip the calls when nothing waits.
         if self._pending:
             self._settle_gaps(now)
-        if self._closed:
+        if now > self._closed_due_ns:
             self._settle_windows(now)
 
     def _settle_gaps(self, now: int) -> None:
@@ -388,6 +399,7 @@ class BackendView:
             window = closed[0]
             t1 = window.first_token_ns
             assert t1 is not None
+            self._closed_due_ns = t1 + self._closed_wait_ns
             if now - t1 <= self._delay_ns:
                 if now - t1 <= tol or self._pending:
                     return
@@ -395,13 +407,14 @@ class BackendView:
                     return  # a stream's gap started inside the window and has not ended
             closed.popleft()
             self._report_prefill(window, t1)
+        self._closed_due_ns = _NEVER
 
     def _oldest_other_token_ns(self, request_id: str) -> int:
         """Last token of the stream silent the longest, ``request_id``'s own left out."""
         for rid, last_ns in self._active.items():  # oldest first: at most two steps
             if rid != request_id:
                 return last_ns
-        return 1 << 62
+        return _NEVER
 
     def _report_stall(self, record: StallRecord) -> None:
         try:
