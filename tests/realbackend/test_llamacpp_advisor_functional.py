@@ -31,6 +31,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from tests.realbackend.advisorload import decode_step_s, read_stream
 from tests.realbackend.client import Prompts, chat
 from tests.realbackend.llamacpp_server import LlamaCppServer, LlamaCppSettings
 from tests.realbackend.recorder import ProxyFactory, RecordedProxy
@@ -52,28 +53,9 @@ TEMPLATE_TOKENS = 32
 """What the chat template adds to a prompt, at most (a bound, for the KV budget)."""
 
 
-async def _stream(session: aiohttp.ClientSession, url: str, body: dict[str, Any], rid: str) -> None:
-    # The client asks for usage (the proxy never does for llama.cpp): the advisor then
-    # fits on the backend's prompt counts, not on its own estimate from the text.
-    body = {**body, "stream_options": {"include_usage": True}}
-    headers = {"X-Request-Id": rid}
-    async with session.post(url + "/v1/chat/completions", json=body, headers=headers) as resp:
-        assert resp.status == 200, await resp.text()
-        async for _ in resp.content.iter_any():
-            pass
-
-
-async def _decode_step_s(proxy: RecordedProxy, prompts: Prompts) -> float:
-    """One stream alone: its median gap (sizes the workload to this machine)."""
-    async with aiohttp.ClientSession() as session:
-        await _stream(session, proxy.url, chat(prompts.text(24), 24), "probe")
-    stamps = proxy.watcher.output_ns["probe"]
-    return statistics.median(b - a for a, b in itertools.pairwise(stamps)) / 1e9
-
-
 async def _fit_run(proxy: RecordedProxy, prompts: Prompts, long_prompts: list[int]) -> None:
     """Streams ending one after another while the long prompts come one at a time."""
-    step_s = await _decode_step_s(proxy, prompts)
+    step_s = await decode_step_s(proxy, prompts, "probe")
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
         # Long enough to outlast every prefill, then one fewer every 8 steps.
@@ -88,17 +70,19 @@ async def _fit_run(proxy: RecordedProxy, prompts: Prompts, long_prompts: list[in
         async with asyncio.TaskGroup() as group:
             for i in range(STREAMS):
                 body = chat(prompts.text(24), base + 8 * i)
-                group.create_task(_stream(session, proxy.url, body, f"fit-{i}"))
+                group.create_task(read_stream(session, proxy.url, body, f"fit-{i}"))
             await asyncio.sleep(20 * step_s + 1.0)
             for k, tokens in enumerate(long_prompts):
-                await _stream(session, proxy.url, chat(prompts.text(tokens), 2), f"fit-long-{k}")
+                await read_stream(
+                    session, proxy.url, chat(prompts.text(tokens), 2), f"fit-long-{k}"
+                )
                 await asyncio.sleep(10 * step_s)
 
 
 async def _measured_run(proxy: RecordedProxy, prompts: Prompts) -> tuple[float, int, int]:
     """8 streams, one long prompt: (median over streams of the worst gap in its window, median
     stalls per stream, its prompt tokens)."""
-    step_s = await _decode_step_s(proxy, prompts)
+    step_s = await decode_step_s(proxy, prompts, "probe")
     # Beside the fit run's: how much the machine's speed moved between the two.
     print(f"\nmeasured run: one-stream step {step_s * 1e3:.1f} ms")
     connector = aiohttp.TCPConnector(limit=0)
@@ -107,9 +91,9 @@ async def _measured_run(proxy: RecordedProxy, prompts: Prompts) -> tuple[float, 
         async with asyncio.TaskGroup() as group:
             for i in range(STREAMS):
                 body = chat(prompts.text(24), int(LONG * PREFILL_S_PER_TOKEN / step_s) + 40)
-                group.create_task(_stream(session, proxy.url, body, f"m-{i}"))
+                group.create_task(read_stream(session, proxy.url, body, f"m-{i}"))
             await asyncio.sleep(20 * step_s + 1.0)
-            await _stream(session, proxy.url, chat(text, 2), "m-long")
+            await read_stream(session, proxy.url, chat(text, 2), "m-long")
     proxy.settle()
     tf = proxy.watcher.forwarded_ns["m-long"]
     t1 = proxy.watcher.output_ns["m-long"][0]

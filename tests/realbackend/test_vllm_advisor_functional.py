@@ -38,6 +38,7 @@ import aiohttp
 import pytest
 
 from proxy.advisor.predict import pieces
+from tests.realbackend.advisorload import decode_step_s, read_stream
 from tests.realbackend.client import Prompts, chat
 from tests.realbackend.recorder import ProxyFactory, RecordedProxy
 from tests.realbackend.vllm_server import VllmServer
@@ -73,37 +74,21 @@ costs 45% of a full one; vLLM's API server, busy taking in the long request, can
 streams' tokens by 2-4 decode steps in the same window (seen once as a second "step" at 2048)."""
 
 
-async def _stream(session: aiohttp.ClientSession, url: str, body: dict[str, Any], rid: str) -> None:
-    # The proxy asks vLLM for usage itself; asked here too, the client reads what it reads.
-    body = {**body, "stream_options": {"include_usage": True}}
-    headers = {"X-Request-Id": rid}
-    async with session.post(url + "/v1/chat/completions", json=body, headers=headers) as resp:
-        assert resp.status == 200, await resp.text()
-        async for _ in resp.content.iter_any():
-            pass
-
-
-async def _decode_step_s(proxy: RecordedProxy, prompts: Prompts, rid: str) -> float:
-    """One stream alone: its median gap (sizes the workload to this machine)."""
-    async with aiohttp.ClientSession() as session:
-        await _stream(session, proxy.url, chat(prompts.text(24), 24), rid)
-    stamps = proxy.watcher.output_ns[rid]
-    return statistics.median(b - a for a, b in itertools.pairwise(stamps)) / 1e9
-
-
 async def _fit_run(proxy: RecordedProxy, prompts: Prompts) -> None:
     """Streams ending one after another while the long prompts come one at a time."""
-    step_s = await _decode_step_s(proxy, prompts, "fit-probe")
+    step_s = await decode_step_s(proxy, prompts, "fit-probe")
     busy_s = sum(p * PREFILL_S_PER_TOKEN + 12 * step_s for p in FIT_PROMPTS)
     base = int(busy_s / step_s) + 30  # outlasts every prefill, then one fewer every 8 steps
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         async with asyncio.TaskGroup() as group:
             for i in range(STREAMS):
                 body = chat(prompts.text(24), base + 8 * i)
-                group.create_task(_stream(session, proxy.url, body, f"fit-{i}"))
+                group.create_task(read_stream(session, proxy.url, body, f"fit-{i}"))
             await asyncio.sleep(20 * step_s + 1.0)
             for k, tokens in enumerate(FIT_PROMPTS):
-                await _stream(session, proxy.url, chat(prompts.text(tokens), 2), f"fit-long-{k}")
+                await read_stream(
+                    session, proxy.url, chat(prompts.text(tokens), 2), f"fit-long-{k}"
+                )
                 await asyncio.sleep(10 * step_s)
 
 
@@ -132,7 +117,7 @@ class Measured:
 
 async def _measured_run(proxy: RecordedProxy, prompts: Prompts, budget: int) -> Measured:
     """8 streams, one long prompt: what each cell of the advisor's row is measured as."""
-    step_s = await _decode_step_s(proxy, prompts, "m-probe")
+    step_s = await decode_step_s(proxy, prompts, "m-probe")
     text = prompts.text(LONG)
     # The 8 streams step slower than one: they outlast the wait, twice the prefill and more.
     tokens = int((20 * step_s + 1.0 + 2 * LONG * PREFILL_S_PER_TOKEN) / step_s) + 20
@@ -140,9 +125,9 @@ async def _measured_run(proxy: RecordedProxy, prompts: Prompts, budget: int) -> 
         async with asyncio.TaskGroup() as group:
             for i in range(STREAMS):
                 body = chat(prompts.text(24), tokens)
-                group.create_task(_stream(session, proxy.url, body, f"m-{i}"))
+                group.create_task(read_stream(session, proxy.url, body, f"m-{i}"))
             await asyncio.sleep(20 * step_s + 1.0)
-            await _stream(session, proxy.url, chat(text, 2), "m-long")
+            await read_stream(session, proxy.url, chat(text, 2), "m-long")
     proxy.settle()
     tf = proxy.watcher.forwarded_ns["m-long"]
     t1 = proxy.watcher.output_ns["m-long"][0]
