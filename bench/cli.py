@@ -14,6 +14,7 @@ from pathlib import Path
 from types import FrameType
 
 from bench.children import ChildError
+from bench.environment import line as environment_line
 from bench.plot import PlotUnavailable, plot_path, write_plot
 from bench.report import markdown, to_json
 from bench.run import (
@@ -197,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
         fitted = two_point(by_length, rate)
         if fitted:
             tables.append(fitted)
-    table = "\n".join(tables)
+    table = environment_line() + "\n\n" + "\n".join(tables)
     sys.stdout.write(table)
     if args.markdown is not None:
         args.markdown.write_text(table, encoding="utf-8")

@@ -6,8 +6,9 @@ fan-out), ``T`` the work of a token. Per token that is ``c(n) = R / n + T``; two
 lengths measured in the same run give both: ``R = (c1 - c2) / (1/n1 - 1/n2)`` and
 ``T = c1 - R / n1``. Runs of more than two lengths are fitted by least squares on
 ``c`` against ``1 / n``. When max-rate ran with a request length in the same run, the
-table also shows each target's requests/s on one core at the shortest such length.
-Pure: numbers in, Markdown out.
+table also shows each target's requests/s on one core at the shortest such length. Every
+cost cell of a target also gives its ratio to nginx's in the same run (the C reference:
+ratios hold across machines where absolute figures do not). Pure: numbers in, Markdown out.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from dataclasses import dataclass
 from bench.run import MAX_RATE, BenchReport
 
 _NA = "-"
+REFERENCE = "nginx"
+"""The target every other's costs are divided by, when it is in the run."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,20 +91,35 @@ def markdown(reports: Sequence[BenchReport], max_rate: BenchReport | None = None
     if max_rate is not None:
         header.append(f"max-rate requests/s at {max_rate.options.max_tokens} tokens")
         rate = {row.name: row.requests_per_s for row in max_rate.rows}
+    fitted = fits(reports)
+    ref = next((f for f in fitted if f.name == REFERENCE), None)
     lines = [
         f"{reports[0].options.scenario}, fitted from {', '.join(map(str, lengths))} tokens per "
-        "request in this run: CPU per request = µs per request + µs per token x tokens.",
+        "request in this run: CPU per request = µs per request + µs per token x tokens."
+        + (f" In brackets: the ratio to {REFERENCE} in this run." if ref is not None else ""),
         "",
         "| " + " | ".join(header) + " |",
         "|---|" + "---:|" * (len(header) - 1),
     ]
-    for f in fits(reports):
-        cells = [f.name, *(_num(f.per_token_us[n]) for n in lengths)]
-        cells += [_num(f.per_request_us, ",.0f"), _num(f.token_us)]
+    for f in fitted:
+        base = ref if ref is not None and f is not ref else None
+        cells = [f.name]
+        cells += [_vs(f.per_token_us[n], base.per_token_us[n] if base else None)
+                  for n in lengths]  # fmt: skip
+        cells += [_vs(f.per_request_us, base.per_request_us if base else None, ",.0f"),
+                  _vs(f.token_us, base.token_us if base else None)]  # fmt: skip
         if max_rate is not None:
             cells.append(_num(rate.get(f.name, math.nan), ",.0f"))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _vs(x: float, reference: float | None, fmt: str = ".1f") -> str:
+    """``x`` formatted, with its ratio to ``reference`` in brackets (``117.2 (2.65x)``); no
+    ratio without a reference, or when either is not a positive number."""
+    if reference is None or math.isnan(x) or math.isnan(reference) or reference <= 0 or x <= 0:
+        return _num(x, fmt)
+    return f"{_num(x, fmt)} ({x / reference:.2f}x)"
 
 
 def _num(x: float, fmt: str = ".1f") -> str:

@@ -171,9 +171,11 @@ def test_max_rate_at_a_length_ends_every_request_with_the_backends_body(tmp_path
 def test_two_lengths_give_each_targets_cost_per_request_and_per_token(tmp_path):
     """``--max-tokens 5,40``: each scenario runs at both lengths, then one table fits them;
     with max-rate in the run, the table has its requests/s at 5 tokens."""
+    names = [n for n in ("nginx", "passthrough", "tokenstamp") if HAVE_NGINX or n != "nginx"]
     report, table, _ = _bench(tmp_path, "--scenario", "steady,max-rate", "--targets",
-                              "passthrough,tokenstamp", *_endless(TINY), "--max-tokens", "5,40",
+                              ",".join(names), *_endless(TINY), "--max-tokens", "5,40",
                               "--memory-streams", "0")  # fmt: skip
+    assert table.startswith("Run ")
     lengths = [(s["options"]["scenario"], s["options"]["max_tokens"]) for s in report["scenarios"]]
     assert lengths == [("steady", 5), ("steady", 40), ("max-rate", 5), ("max-rate", 40)]
     at5_rate = {r["name"]: r["requests_per_s"] for r in report["scenarios"][2]["targets"]}
@@ -183,15 +185,26 @@ def test_two_lengths_give_each_targets_cost_per_request_and_per_token(tmp_path):
     assert "max-rate, fitted from 5, 40 tokens per request" in table
     rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in fitted.splitlines()
             if line.startswith("| ") and "target" not in line}  # fmt: skip
-    assert set(rows) == {"passthrough", "tokenstamp"}
-    for cells in rows.values():
-        at5, at40 = float(cells[1]), float(cells[2])
-        per_request = float(cells[3].replace(",", ""))
-        per_token = float(cells[4])
+    assert set(rows) == set(names)
+    for name, cells in rows.items():
+        at5, at40, per_request, per_token = (_number(c) for c in cells[1:5])
+        if HAVE_NGINX and name != "nginx":  # every cost beside its ratio to nginx's
+            for i, cell in enumerate(cells[1:5], start=1):
+                mine, ref = _number(cell), _number(rows["nginx"][i])
+                if mine <= 0 or ref <= 0:  # a fit below zero on a tiny noisy load: no ratio
+                    assert "x)" not in cell, (name, cell)
+                    continue
+                shown = float(cell.split(" (")[1].rstrip(" |x)"))
+                assert shown == pytest.approx(mine / ref, rel=0.02, abs=0.01), (name, cell)
         assert per_request + per_token * 5 == pytest.approx(at5 * 5, rel=0.01)
         assert per_request + per_token * 40 == pytest.approx(at40 * 40, rel=0.01)
         rate = float(cells[5].rstrip(" |").replace(",", ""))
         assert rate == pytest.approx(at5_rate[cells[0].strip("| ")], abs=0.5)
+
+
+def _number(cell: str) -> float:
+    """``1,234 (2.50x)`` -> 1234.0: a table cell's figure without its ratio."""
+    return float(cell.strip("| ").split(" (")[0].replace(",", ""))
 
 
 def test_bad_flags_exit_2_with_one_line():

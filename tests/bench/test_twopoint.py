@@ -6,7 +6,10 @@ import math
 
 import pytest
 
-from bench.twopoint import fit_line
+from bench.rows import BenchOptions, BenchReport, TargetRow
+from bench.stats import EMPTY
+from bench.targets import select_targets
+from bench.twopoint import fit_line, markdown
 
 
 def test_two_lengths_give_the_line_exactly():
@@ -29,3 +32,34 @@ def test_no_fit_without_two_measured_lengths(points):
     r, t = fit_line(points)
     assert math.isnan(r)
     assert math.isnan(t)
+
+
+def _report(max_tokens: int, cpu_us_per_token: dict[str, float]) -> BenchReport:
+    targets = select_targets(",".join(cpu_us_per_token))
+    rows = tuple(
+        TargetRow(name, 1000, 0, EMPTY, EMPTY, EMPTY, math.nan, math.nan, cpu, math.nan,
+                  math.nan, math.nan, "aa", True)
+        for name, cpu in cpu_us_per_token.items()
+    )  # fmt: skip
+    return BenchReport(BenchOptions(targets=targets, max_tokens=max_tokens), rows, (), 1.0)
+
+
+def test_every_cost_cell_carries_its_ratio_to_nginx_in_the_same_run():
+    # nginx: 126 µs a request, 30 a token; tokenstamp: 252 and 45 (2.00x and 1.50x).
+    reports = [
+        _report(n, {"direct": math.nan, "nginx": 30 + 126 / n, "tokenstamp": 45 + 252 / n})
+        for n in (10, 200)
+    ]
+    table = markdown(reports)
+    assert "In brackets: the ratio to nginx in this run." in table
+    assert "| nginx | 42.6 | 30.6 | 126 | 30.0 |" in table
+    ratio_10 = (45 + 25.2) / (30 + 12.6)
+    assert f"| tokenstamp | 70.2 ({ratio_10:.2f}x) | 46.3 (" in table
+    assert "| 252 (2.00x) | 45.0 (1.50x) |" in table
+    assert "| direct | - | - | - | - |" in table
+
+
+def test_without_nginx_in_the_run_the_cells_are_plain_numbers():
+    table = markdown([_report(n, {"tokenstamp": 45 + 252 / n}) for n in (10, 200)])
+    assert "ratio" not in table
+    assert "| tokenstamp | 70.2 | 46.3 | 252 | 45.0 |" in table
