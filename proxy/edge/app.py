@@ -21,7 +21,6 @@ always re-raised; the ``finally`` always records the request once.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import time
@@ -33,6 +32,7 @@ from aiohttp.typedefs import Handler
 
 from proxy.config import ProxyConfig
 from proxy.core.backend_view import BackendView
+from proxy.core.body_json import parse_object
 from proxy.core.decoders.registry import Format, route
 from proxy.core.labels import ModelLabeler, TenantLabeler
 from proxy.core.prompt_size import estimate_prompt_tokens
@@ -169,7 +169,7 @@ async def exchange(client: Inbound, state: ProxyState) -> None:
             return
         upstream_body, injected = body, False
         if fmt is not None:
-            parsed = _parse_json_object(body)
+            parsed = parse_object(body)
             if parsed is None:
                 state.sink.unobserved(state.backend, "body_not_json")
             else:
@@ -210,14 +210,6 @@ async def exchange(client: Inbound, state: ProxyState) -> None:
                 timer.finish(clock(), outcome, progress.status, error_type)
             except Exception:  # telemetry never breaks traffic
                 log.exception("recording request failed")
-
-
-def _parse_json_object(body: bytes) -> dict[str, object] | None:
-    try:
-        obj = json.loads(body)
-    except ValueError:
-        return None
-    return obj if isinstance(obj, dict) else None
 
 
 TUNNEL_ALLOW = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"

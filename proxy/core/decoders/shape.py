@@ -51,15 +51,14 @@ _DIGITS = bytes.maketrans(b"0123456789", b"0000000000")
 """Every digit to ``0``: what may differ between two events of one shape."""
 _NOT_PLAIN = re.compile(rb'[\x00-\x1f"\\]')
 """What the output string may not hold (it would end or escape the JSON string)."""
-_RUN_OUTSIDE = re.compile(rb'"[^"]*"?|([0-9]{2,})')
-"""A string (to its closing quote, or the end), or else a run of two digits or more: with
-no backslash about, the runs it finds in group 1 are exactly those outside strings."""
+_NOT_DIGIT = re.compile(rb"[^0]")
+"""Once digits are masked (``_DIGITS``): the end of a run of digits."""
 _CONTENT = b'"content":'
 _TEXT = b'"text":'
 _REASONING_CONTENT = b'"reasoning_content":'
 _REASONING = b'"reasoning":'
-_INDEX = re.compile(rb'"index": ?0')
-"""A choice's index, 0 in every learned shape (its digit must stay ``0``)."""
+_INDEX = b'"index":'
+"""A choice's index key: its value, ``0`` (or `` 0``) in every learned shape, must stay ``0``."""
 _REASONING_KEYS = (_REASONING_CONTENT, _REASONING)
 
 
@@ -116,9 +115,7 @@ class TokenShape:
             return None
         head, tail = event[:open_at], event[close_at:]
         nonzero = _leading_digits(head, 0, False) + _leading_digits(tail, -len(tail), True)
-        zeros = tuple(m.end() - 1 for m in _INDEX.finditer(head)) + tuple(
-            m.end() - 1 - len(tail) for m in _INDEX.finditer(tail)
-        )
+        zeros = _index_zeros(head, 0) + _index_zeros(tail, -len(tail))
         return cls(head, tail, nonzero, zeros, reasoning=reasoning)
 
     def matches(self, event: bytes) -> bool:
@@ -195,5 +192,30 @@ def _leading_digits(part: bytes, base: int, in_string: bool) -> tuple[int, ...]:
         start = part.find(b'"') + 1  # past the quote that closes the string it starts in
         if start == 0:
             return ()
-    # One pass: a string is skipped whole, a run outside one is a match of group 1.
-    return tuple(base + m.start(1) for m in _RUN_OUTSIDE.finditer(part, start) if m.lastindex)
+    # Outside a string exactly when an even number of quotes lies between ``start`` and the
+    # run (no backslash: every quote opens or closes one). Few runs: a count each is cheap.
+    masked = part.translate(_DIGITS)
+    out = []
+    at = masked.find(b"00", start)  # left to right, past each run: always a run's first digit
+    while at >= 0:
+        if not part.count(b'"', start, at) & 1:
+            out.append(base + at)
+        past = _NOT_DIGIT.search(masked, at + 2)
+        if past is None:
+            break
+        at = masked.find(b"00", past.end())
+    return tuple(out)
+
+
+def _index_zeros(part: bytes, base: int) -> tuple[int, ...]:
+    """Offsets (``base`` + index) of the ``0`` of each ``"index":0`` (or ``"index": 0``)."""
+    out = []
+    at = part.find(_INDEX)
+    while at >= 0:
+        value = at + len(_INDEX)
+        if part[value : value + 1] == b" ":
+            value += 1
+        if part[value : value + 1] == b"0":
+            out.append(base + value)
+        at = part.find(_INDEX, value)
+    return tuple(out)

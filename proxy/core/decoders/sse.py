@@ -105,13 +105,15 @@ class SseDecoder:
             and not self._event
             and not self._skipping
             and not self._mid_line
-            and self._started
             and b"\r" not in chunk
         ):
+            # Both fast paths take only reads that start with "data:" or ":", so the
+            # stream's first read has no byte order mark to strip: they may take it too.
             n = len(chunk)
             if chunk.find(b"\n") == n - 2 and chunk.startswith(b"data:"):
                 # One data line, one event, in one read: a token stream's usual read.
                 if n - 2 <= self.max_event_bytes:
+                    self._started = True
                     start = self._offset
                     end = start + n
                     value = chunk[6 : n - 2] if chunk[5] == 0x20 else chunk[5 : n - 2]
@@ -126,6 +128,7 @@ class SseDecoder:
             else:
                 fast = self._feed_simple(chunk)
                 if fast is not None:
+                    self._started = True
                     return fast
         return self._feed(chunk)
 

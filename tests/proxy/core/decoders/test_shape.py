@@ -3,12 +3,14 @@ of the same kind (answer or reasoning) and the same choice."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.core.decoders.openai import OUTPUT, REASONING, interpret
-from proxy.core.decoders.shape import TokenShape, _leading_digits
+from proxy.core.decoders.shape import TokenShape, _index_zeros, _leading_digits
 from proxy.core.decoders.sse import SseDecoder
 
 VLLM = (
@@ -212,3 +214,32 @@ def test_leading_digits_are_the_multi_digit_runs_outside_strings(part, base, in_
     """Where a later event's ``0`` would be a leading zero: runs of two digits or more, not in
     a string (a part of the event's tail starts inside the output string)."""
     assert _leading_digits(part, base, in_string) == expected
+
+
+# The shape's set-up against the one-pass regular expressions it replaced (the reference).
+_REF_RUN_OUTSIDE = re.compile(rb'"[^"]*"?|([0-9]{2,})')
+_REF_INDEX = re.compile(rb'"index": ?0')
+
+
+def _ref_leading_digits(part: bytes, base: int, in_string: bool) -> tuple[int, ...]:
+    start = 0
+    if in_string:
+        start = part.find(b'"') + 1
+        if start == 0:
+            return ()
+    return tuple(base + m.start(1) for m in _REF_RUN_OUTSIDE.finditer(part, start) if m.lastindex)
+
+
+_PART = st.lists(
+    st.sampled_from([b'"', b"0", b"1", b"7", b"12", b"00", b".", b"-", b"e", b":", b" ", b",",
+                     b"a", b"{", b"}", b'"index":', b'"index": ', b"\n", b"\xc3\xa9"]),
+    max_size=40,
+).map(b"".join)  # fmt: skip
+
+
+@settings(max_examples=3000, deadline=None)
+@given(part=_PART, base=st.integers(-100, 100), in_string=st.booleans())
+def test_leading_digits_and_index_zeros_as_the_reference_finds_them(part, base, in_string):
+    assert _leading_digits(part, base, in_string) == _ref_leading_digits(part, base, in_string)
+    want = tuple(base + m.end() - 1 for m in _REF_INDEX.finditer(part))
+    assert _index_zeros(part, base) == want

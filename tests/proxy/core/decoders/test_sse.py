@@ -208,3 +208,31 @@ def test_skip_event_moves_on_as_feed_would_and_only_at_rest():
     small = SseDecoder(max_event_bytes=4)
     small.feed(b": hi\n\n")
     assert not small.skip_event(len(event))
+
+
+# The stream's first read through the fast paths (whole one-line events, LF endings) against
+# the general path (one byte a read), then a second read: the BOM is stripped at the start
+# of the stream only.
+_plain_event = st.one_of(
+    st.tuples(st.sampled_from([b"data: ", b"data:"]), _value, st.just(b"\n\n")),
+    st.tuples(st.just(b": "), _value, st.just(b"\n\n")),
+).map(b"".join)
+_BOM = b"\xef\xbb\xbf"
+
+
+@settings(max_examples=1500, deadline=None)
+@given(
+    st.lists(_plain_event, min_size=1, max_size=4).map(b"".join),
+    st.booleans(),
+    st.lists(_plain_event, max_size=2).map(b"".join),
+)
+def test_first_read_fast_path_same_as_general(first, bom, second):
+    first = _BOM + first if bom else first
+    second = _BOM + second
+    fast = SseDecoder()
+    general = SseDecoder()
+    got = [*fast.feed(first), *fast.feed(second)]
+    want = [e for i in range(len(first)) for e in general.feed(first[i : i + 1])]
+    want += [e for i in range(len(second)) for e in general.feed(second[i : i + 1])]
+    assert got == want
+    assert fast.boundary_offset == general.boundary_offset
