@@ -2,10 +2,12 @@
 
 Issue 30's measure: run it under callgrind for two request counts and divide the
 difference of the instruction counts by the difference of the counts (start-up
-cancels out); instruction counts are deterministic on a shared machine::
+cancels out); instruction counts are deterministic on a shared machine (with a
+fixed hash seed). From the checkout's root, so its modules are the ones imported::
 
+    export PYTHONPATH=$PWD PYTHONHASHSEED=0
     valgrind --tool=callgrind --callgrind-out-file=/tmp/a.out python scripts/request_cost.py 200
-    valgrind --tool=callgrind --callgrind-out-file=/tmp/b.out python scripts/request_cost.py 2200
+    valgrind --tool=callgrind --callgrind-out-file=/tmp/b.out python scripts/request_cost.py 1200
 
 The default sinks are what ``proxy.edge.server`` builds without options: the
 Prometheus exporter and the advisor's observations in one fan-out; the stall view

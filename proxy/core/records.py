@@ -170,9 +170,14 @@ def queue_time_s(ttft_s: float | None, timings: BackendTimings | None) -> float 
     return max(0.0, ttft_s - timings.prefill_s - (timings.load_s or 0.0))
 
 
-@dataclass(frozen=True, slots=True)
-class RequestRecord:
-    """Everything measured about one finished request."""
+class RequestRecord(NamedTuple):
+    """Everything measured about one finished request.
+
+    A named tuple, not a frozen dataclass (as the other records are): made once per
+    request, and a frozen dataclass sets each of its 35 fields through
+    ``object.__setattr__``, ten times the cost of building the tuple (about 42,000
+    instructions a request; ``scripts/request_cost.py``). Immutable all the same.
+    """
 
     request_id: str
     """The proxy's id for the request (logs and spans only, never a label)."""
