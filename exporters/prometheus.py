@@ -323,8 +323,11 @@ class PrometheusSink:
             for gap in worst:  # the exemplar on the request's worst
                 max_gap.observe(gap, exemplar if gap == record.max_gap_s else None)
         met, source = record.slo_judged(self.slo_ttft_s, self.slo_tpot_s, self.slo_answer_ttft_s)
-        verdict = "met" if met else "missed"
-        _by_extra(ch.slo, (met, source), self._slo, values, verdict, source.value).inc()
+        slo = ch.slo.get((met, source))
+        if slo is None:  # the label values only then (an enum's ``value`` is a Python call)
+            verdict = "met" if met else "missed"
+            slo = _by_extra(ch.slo, (met, source), self._slo, values, verdict, source.value)
+        slo.inc()
 
     def decoder_error(self, backend: Backend, kind: str) -> None:
         """One undecodable upstream event."""
