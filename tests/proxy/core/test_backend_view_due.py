@@ -8,6 +8,10 @@ come out, in the same order, for any sequence of events.
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -19,7 +23,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-from proxy.core.backend_view import _NEVER, BackendView
+from proxy.core import backend_view
+from proxy.core.backend_view import BackendView
 from proxy.core.records import Backend, RequestLabels, choice_stream_id
 from proxy.core.stall_detector import StallSettings
 from tests.stallkit import StallRecorder
@@ -29,7 +34,27 @@ BACKEND = Backend("vllm", "gpu-0")
 LABELS = RequestLabels("chat", "m", BACKEND, "team-a")
 
 
-class ReferenceView(BackendView):
+def _from_source() -> ModuleType:
+    """``proxy/core/backend_view.py`` run from its source, as a module of its own.
+
+    In the compiled build ``BackendView`` is a native class an interpreted one cannot
+    subclass; the reference subclasses this pure-Python copy (there it is then also
+    compared with the compiled view).
+    """
+    path = Path(backend_view.__file__ or "").with_name("backend_view.py")
+    spec = importlib.util.spec_from_file_location("backend_view_from_source", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_SOURCE = _from_source()
+_NEVER = _SOURCE._NEVER
+
+
+class ReferenceView(_SOURCE.BackendView):  # type: ignore[misc,name-defined]
     """The view as it was: every event past the head's due time rescans for the blocker."""
 
     def _advance(self, stamp_ns: int) -> None:
