@@ -463,9 +463,12 @@ class StallRecord:
         return max(0, self.end_ns - self.start_ns - self.baseline_ns) / 1e9
 
 
-@dataclass(frozen=True, slots=True)
-class PrefillRecord:
-    """One request's prefill window, reported once its attribution is final."""
+class PrefillRecord(NamedTuple):
+    """One request's prefill window, reported once its attribution is final.
+
+    A named tuple, as ``RequestRecord`` (one per request: a frozen dataclass's fields
+    cost an ``object.__setattr__`` each).
+    """
 
     request_id: str
     """The proxy's id for the request."""
