@@ -20,11 +20,12 @@ import contextlib
 from collections.abc import Callable, Iterable
 from typing import ClassVar, Protocol, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from exporters import names
+from exporters.fast_counter import CounterChild, FastCounter, FastGauge, GaugeChild
 from exporters.fast_histogram import FastHistogram, HistogramChild
 from proxy.core.backend_fit import BackendFitRecord
 from proxy.core.labels import UNKNOWN
@@ -62,17 +63,20 @@ def histogram(
 
 def counter(
     inst: names.Instrument, registry: CollectorRegistry, *, tenants: bool = False
-) -> Counter:
-    """The Prometheus counter of a docs/metrics.md instrument (``tenants``: as ``histogram``)."""
+) -> FastCounter:
+    """The Prometheus counter of a docs/metrics.md instrument (the lock-free one; ``tenants``:
+    as ``histogram``)."""
     assert inst.kind is names.Kind.COUNTER, inst.name
-    return Counter(inst.prom_name, _doc(inst), _labels(inst, tenants), registry=registry)
+    return FastCounter(inst.prom_name, _doc(inst), _labels(inst, tenants), registry)
 
 
-def gauge(inst: names.Instrument, registry: CollectorRegistry, *, tenants: bool = False) -> Gauge:
-    """The Prometheus gauge of a docs/metrics.md up-down counter (``tenants``: as
-    ``histogram``)."""
+def gauge(
+    inst: names.Instrument, registry: CollectorRegistry, *, tenants: bool = False
+) -> FastGauge:
+    """The Prometheus gauge of a docs/metrics.md up-down counter (the lock-free one;
+    ``tenants``: as ``histogram``)."""
     assert inst.kind is names.Kind.UPDOWN, inst.name
-    return Gauge(inst.prom_name, _doc(inst), _labels(inst, tenants), registry=registry)
+    return FastGauge(inst.prom_name, _doc(inst), _labels(inst, tenants), registry)
 
 
 def request_label_values(labels: RequestLabels, tenants: bool = False) -> tuple[str, ...]:
@@ -102,7 +106,7 @@ def status_class(code: int) -> str:
     return f"{code // 100}xx" if 100 <= code <= 599 else "none"
 
 
-_Extra = TypeVar("_Extra", HistogramChild, Counter)
+_Extra = TypeVar("_Extra", HistogramChild, CounterChild)
 _Child_co = TypeVar("_Child_co", covariant=True)
 
 
@@ -122,7 +126,7 @@ def _by_extra(
 
 
 class _Family(Protocol[_Child_co]):
-    """A labelled metric family: ``FastHistogram`` or a prometheus_client ``Counter``."""
+    """A labelled metric family: ``FastHistogram`` or ``FastCounter``."""
 
     def labels(self, *values: str) -> _Child_co:
         """The child of these label values."""
@@ -144,22 +148,22 @@ class _Children:
         self,
         values: tuple[str, ...],
         families: dict[str, tuple[FastHistogram, tuple[str, ...]]],
-        active: Gauge,
+        active: GaugeChild,
     ) -> None:
         self.values = values
         """Values of the request labels in order (``request_label_values``)."""
         self._families = families
         self.active = active
         """The in-flight gauge (made with the label set: it moves on every request)."""
-        self.stutter_cost: Counter | None = None
+        self.stutter_cost: CounterChild | None = None
         """The stutter-cost counter, once a prefill of this label set finished."""
         self.duration: dict[object, HistogramChild] = {}
         """By error type."""
         self.cache_ttft: dict[object, HistogramChild] = {}
         """By prefix-cache state."""
-        self.requests: dict[object, Counter] = {}
+        self.requests: dict[object, CounterChild] = {}
         """By (outcome, status code, error type)."""
-        self.slo: dict[object, Counter] = {}
+        self.slo: dict[object, CounterChild] = {}
         """By (met, source)."""
 
     def __getattr__(self, name: str) -> HistogramChild:
@@ -177,7 +181,8 @@ class PrometheusSink:
     """A fan-out subscriber writing Prometheus metrics into ``registry``.
 
     Every histogram is a ``FastHistogram`` (lock-free, same exposition, no
-    ``_created`` series): the proxy observes from its one event-loop thread.
+    ``_created`` series), every counter a ``FastCounter`` and the gauge a ``FastGauge``
+    (lock-free, same exposition): the proxy observes from its one event-loop thread.
     """
 
     takes: ClassVar[tuple[str, ...]] = EVENTS
@@ -318,8 +323,11 @@ class PrometheusSink:
             for gap in worst:  # the exemplar on the request's worst
                 max_gap.observe(gap, exemplar if gap == record.max_gap_s else None)
         met, source = record.slo_judged(self.slo_ttft_s, self.slo_tpot_s, self.slo_answer_ttft_s)
-        verdict = "met" if met else "missed"
-        _by_extra(ch.slo, (met, source), self._slo, values, verdict, source.value).inc()
+        slo = ch.slo.get((met, source))
+        if slo is None:  # the label values only then (an enum's ``value`` is a Python call)
+            verdict = "met" if met else "missed"
+            slo = _by_extra(ch.slo, (met, source), self._slo, values, verdict, source.value)
+        slo.inc()
 
     def decoder_error(self, backend: Backend, kind: str) -> None:
         """One undecodable upstream event."""

@@ -62,6 +62,7 @@ _MAX_DESCRIBED = 4096
 _MAX_PENDING = 65536
 _RECENT_CULPRITS = 64
 _NEVER = 1 << 62  # later than any stamp (nanoseconds: 146 years)
+_RECHECK = -_NEVER  # a due time every "now" is past: examine the closed windows again
 
 
 class _Window:
@@ -136,6 +137,13 @@ class BackendView:
         # Per token ``_settle_windows`` is then one comparison, not a call.
         self._closed_wait_ns = min(self._tol_ns, self._delay_ns)
         self._closed_due_ns = _NEVER
+        # While the head waits on a silent stream (its gap started inside the window), the
+        # due time is the head's last chance (``max_delay``) and this is that stream: only
+        # its next token or its end can release the head sooner, and either sets the due
+        # time back (``_RECHECK``), so the usual token costs one string comparison.
+        self._blocker: str | None = None
+        # The head waits on pending stalls: re-examined when the last one is decided.
+        self._blocked_by_pending = False
         self._active: OrderedDict[str, int] = OrderedDict()  # stream -> last token, oldest first
         # stream -> last window the oldest-open rule named for it (None: none yet); a
         # finished stream's entry stays until the stalls pending at its end are decided
@@ -205,6 +213,8 @@ class BackendView:
                     self._closed_due_ns = first_token_ns + self._closed_wait_ns
                 self._closed.append(window)
             self._active[request_id] = first_token_ns
+            if request_id == self._blocker:  # the silent stream spoke (set in place)
+                self._closed_due_ns = _RECHECK
         except Exception:
             log.exception("stall view: first_token failed")
 
@@ -219,6 +229,8 @@ class BackendView:
             active = self._active
             active[request_id] = end_ns
             active.move_to_end(request_id)
+            if request_id == self._blocker:  # the silent stream spoke: the head may go
+                self._closed_due_ns = _RECHECK
             if end_ns <= start_ns:
                 return  # two events of one read: not a gap anyone could see
             gap_ns = end_ns - start_ns
@@ -244,6 +256,8 @@ class BackendView:
             self._described.pop(request_id, None)
             self._open.pop(request_id, None)
             self._active.pop(request_id, None)
+            if request_id == self._blocker:  # the silent stream ended: the head may go
+                self._closed_due_ns = _RECHECK
             if self._pending:  # a stall of it may still be decided
                 self._named.setdefault(request_id, None)
                 self._retiring.append((self._appended, request_id))
@@ -298,6 +312,8 @@ class BackendView:
         # Called for every stream event: skip the calls when nothing waits.
         if self._pending:
             self._settle_gaps(now)
+            if self._blocked_by_pending and not self._pending:
+                self._closed_due_ns = _RECHECK
         if now > self._closed_due_ns:
             self._settle_windows(now)
 
@@ -393,28 +409,49 @@ class BackendView:
         return ([], False) if oldest is None else ([oldest], True)
 
     def _settle_windows(self, now: int) -> None:
+        """Report the closed windows that became final, oldest first; for the first that
+        is not, set when (or on which event) to look again.
+
+        The head waits while "now" is within ``tol`` of its first token, while stalls
+        are pending, or while the stream silent the longest (its own left out) has had
+        no token since ``t1 + tol``; never past ``max_delay``. That stream stays the
+        silent-longest one until it has a token or ends (a stream moves to the end of
+        ``_active`` on each token, new ones join at the end: nothing passes it), so it
+        is remembered (``_blocker``), not looked for on every event.
+        """
         closed = self._closed
         tol = self._tol_ns
+        self._blocker = None
+        self._blocked_by_pending = False
         while closed:
             window = closed[0]
             t1 = window.first_token_ns
             assert t1 is not None
-            self._closed_due_ns = t1 + self._closed_wait_ns
             if now - t1 <= self._delay_ns:
-                if now - t1 <= tol or self._pending:
+                if now - t1 <= tol:
+                    self._closed_due_ns = t1 + self._closed_wait_ns
                     return
-                if self._oldest_other_token_ns(window.request_id) <= t1 + tol:
-                    return  # a stream's gap started inside the window and has not ended
+                last_chance_ns = t1 + self._delay_ns
+                if self._pending:
+                    self._closed_due_ns = last_chance_ns
+                    self._blocked_by_pending = True
+                    return
+                silent = self._silent_longest(window.request_id)
+                if silent is not None and self._active[silent] <= t1 + tol:
+                    # a stream's gap started inside the window and has not ended
+                    self._closed_due_ns = last_chance_ns
+                    self._blocker = silent
+                    return
             closed.popleft()
             self._report_prefill(window, t1)
         self._closed_due_ns = _NEVER
 
-    def _oldest_other_token_ns(self, request_id: str) -> int:
-        """Last token of the stream silent the longest, ``request_id``'s own left out."""
-        for rid, last_ns in self._active.items():  # oldest first: at most two steps
+    def _silent_longest(self, request_id: str) -> str | None:
+        """The stream silent the longest, ``request_id``'s own left out (``None``: none)."""
+        for rid in self._active:  # oldest first: at most two steps
             if rid != request_id:
-                return last_ns
-        return _NEVER
+                return rid
+        return None
 
     def _report_stall(self, record: StallRecord) -> None:
         try:

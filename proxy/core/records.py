@@ -170,9 +170,14 @@ def queue_time_s(ttft_s: float | None, timings: BackendTimings | None) -> float 
     return max(0.0, ttft_s - timings.prefill_s - (timings.load_s or 0.0))
 
 
-@dataclass(frozen=True, slots=True)
-class RequestRecord:
-    """Everything measured about one finished request."""
+class RequestRecord(NamedTuple):
+    """Everything measured about one finished request.
+
+    A named tuple, not a frozen dataclass (as the other records are): made once per
+    request, and a frozen dataclass sets each of its 35 fields through
+    ``object.__setattr__``, ten times the cost of building the tuple (about 42,000
+    instructions a request; ``scripts/request_cost.py``). Immutable all the same.
+    """
 
     request_id: str
     """The proxy's id for the request (logs and spans only, never a label)."""
@@ -458,9 +463,12 @@ class StallRecord:
         return max(0, self.end_ns - self.start_ns - self.baseline_ns) / 1e9
 
 
-@dataclass(frozen=True, slots=True)
-class PrefillRecord:
-    """One request's prefill window, reported once its attribution is final."""
+class PrefillRecord(NamedTuple):
+    """One request's prefill window, reported once its attribution is final.
+
+    A named tuple, as ``RequestRecord`` (one per request: a frozen dataclass's fields
+    cost an ``object.__setattr__`` each).
+    """
 
     request_id: str
     """The proxy's id for the request."""
