@@ -151,24 +151,27 @@ async def forward(
         if transport is None or transport.is_closing():
             return _client_left(status)
         chunked = client.chunked
+        tail = client.end_held() or b""  # the chunked terminator goes with the last bytes
         capture = None
         if state.tracing is not None and timer is not None:
             capture = state.tracing.capture_buffer(timer)
         relay: BodyRelay
         if timer is None or fmt is None or encoded or decoding is None:
-            relay = BodyRelay(conn, transport, chunked=chunked, capture=capture, head=head)
+            relay = BodyRelay(conn, transport, chunked=chunked, capture=capture, head=head,
+                              tail=tail)  # fmt: skip
         elif decoding is Decoding.SSE:
             timer.streamed = True
             relay = SseRelay(conn, transport, timer, state, fmt, chunked=chunked,
-                             strip_usage=injected, capture=capture, head=head)  # fmt: skip
+                             strip_usage=injected, capture=capture, head=head,
+                             tail=tail)  # fmt: skip
         elif decoding is Decoding.NDJSON:
             timer.streamed = True
             relay = NdjsonRelay(conn, transport, timer, state, fmt, chunked=chunked,
-                                capture=capture, head=head)  # fmt: skip
+                                capture=capture, head=head, tail=tail)  # fmt: skip
         else:
             relay = JsonRelay(conn, transport, timer, state, fmt, chunked=chunked,
-                              capture=capture, head=head)  # fmt: skip
-        del transport, head
+                              capture=capture, head=head, tail=tail)  # fmt: skip
+        del transport, head, tail
         # A body is cut (outcome timeout) after --max-stream-duration, or by the
         # watchdog once it falls silent (which expires the relay: no scope of its own).
         limit = cfg.max_stream_duration_s

@@ -118,6 +118,13 @@ class Inbound(Protocol):
         ``None`` when this client cannot (then ``start``)."""
         ...
 
+    def end_held(self) -> bytes | None:
+        """The bytes that end the response (the chunked terminator, or none), not written:
+        whoever writes the body's last bytes sends them in the same write, once the body
+        ended cleanly; ``end`` then writes them no more. ``None`` when this client writes
+        its own end (then ``end`` does)."""
+        ...
+
     async def write(self, data: bytes) -> None:
         """Send body bytes, waiting while the client's buffer is full (``ConnectionError``)."""
         ...
@@ -244,6 +251,10 @@ class AiohttpInbound:
 
     def start_held(self, status: int, reason: str, headers: CIMultiDict[str]) -> bytes | None:
         """aiohttp writes its head itself: ``start``."""
+        return None
+
+    def end_held(self) -> bytes | None:
+        """aiohttp writes its end itself: ``end``."""
         return None
 
     async def write(self, data: bytes) -> None:

@@ -30,7 +30,7 @@ from proxy.core.timing import StreamTimer
 from proxy.core.usage import EventCutter
 from proxy.edge.tracing import CAPTURE_BYTES
 from proxy.edge.upstream import UpstreamConnection
-from proxy.edge.upstream_errors import UpstreamError
+from proxy.edge.upstream_errors import PayloadError, UpstreamError
 
 if TYPE_CHECKING:
     from proxy.edge.state import ProxyState
@@ -86,6 +86,7 @@ class BodyRelay:
         "_head",
         "_high",
         "_pending",
+        "_tail",
         "_waiter",
         "_wrote",
     )
@@ -98,11 +99,13 @@ class BodyRelay:
         chunked: bool,
         capture: bytearray | None = None,
         head: bytes = b"",
+        tail: bytes = b"",
     ) -> None:
         self._conn = conn
         self._client = client
         self._chunked = chunked
         self._head = head  # the response head, written with the body's first bytes
+        self._tail = tail  # the response's end, written with the body's last bytes
         self._capture = capture
         self._high = client.get_write_buffer_limits()[1]
         self._waiter: asyncio.Future[None] | None = None
@@ -144,7 +147,12 @@ class BodyRelay:
         pending = self._pending
         if pending is not None:
             self._pending = None
-            self._send(pending[0] if len(pending) == 1 else b"".join(pending))
+            data = pending[0] if len(pending) == 1 else b"".join(pending)
+            head = self._head
+            if head:  # the pieces read with the head (``run``): one write for all
+                self._head = b""
+                data = head + data
+            self._send(data)
         elif self._head:
             # Nothing of the body came with the head (or nothing was written of it): the
             # head goes now, at the first read handed over (``run`` hands the early ones).
@@ -170,14 +178,44 @@ class BodyRelay:
         self.write(data)
 
     def end(self, error: UpstreamError | None) -> None:
-        """The body ended (``error`` when it broke off): what this read relayed goes first."""
-        self.read_done()
-        self._finished = True
-        self._error = error
-        self._wake()
+        """The body ended (``error`` when it broke off): what this read relayed goes first.
+
+        Ended cleanly, what is left is written and looked at (``finish``) and the
+        response's end goes with the body's last bytes, in the same write.
+        """
+        try:
+            if error is None:
+                try:
+                    self.finish()
+                except Exception:  # the proxy's own bug: the response is not ended cleanly
+                    log.exception("finishing a relayed body failed")
+                    error = PayloadError("the proxy failed relaying the body")
+                else:
+                    self._write_tail()
+            self.read_done()
+        finally:
+            self._finished = True
+            self._error = error
+            self._wake()
+
+    def _write_tail(self) -> None:
+        tail = self._tail
+        if not tail or self._gone:
+            return
+        self._tail = b""
+        if self._wrote:  # with this read's later pieces (``read_done``)
+            if self._pending is None:
+                self._pending = [tail]
+            else:
+                self._pending.append(tail)
+            return
+        self._wrote = True
+        head, self._head = self._head, b""
+        self._send(head + tail if head else tail)
 
     def finish(self) -> None:
-        """What is left to write and look at once the body is complete."""
+        """What is left to write and look at once the body is complete (called from
+        ``end``, before the response's end is written)."""
 
     def _wake(self) -> None:
         w = self._waiter
@@ -190,6 +228,9 @@ class BodyRelay:
         Raises the upstream's ``UpstreamError`` when the body broke off.
         """
         conn = self._conn
+        # The pieces read before the relay existed (with the response head, usually) go
+        # together with the head, in one write, once all were handed over.
+        self._wrote = True
         conn.consume(self)
         loop = conn.loop or asyncio.get_running_loop()
         while True:
@@ -215,7 +256,6 @@ class BodyRelay:
                 self._waiter = None
         if self._error is not None:
             raise self._error
-        self.finish()
         return not self._gone
 
     @property
@@ -256,8 +296,9 @@ class TimedRelay(BodyRelay):
         chunked: bool,
         capture: bytearray | None = None,
         head: bytes = b"",
+        tail: bytes = b"",
     ) -> None:
-        super().__init__(conn, client, chunked=chunked, capture=capture, head=head)
+        super().__init__(conn, client, chunked=chunked, capture=capture, head=head, tail=tail)
         self._timer = timer
         self._state = state
         self._sink = state.sink
@@ -305,10 +346,12 @@ class SseRelay(TimedRelay):
         strip_usage: bool,
         capture: bytearray | None = None,
         head: bytes = b"",
+        tail: bytes = b"",
     ) -> None:
         super().__init__(
-            conn, client, timer, state, fmt, chunked=chunked, capture=capture, head=head
-        )
+            conn, client, timer, state, fmt, chunked=chunked, capture=capture, head=head,
+            tail=tail,
+        )  # fmt: skip
         self._cutter = EventCutter() if strip_usage else None
 
     def _start(self) -> None:

@@ -44,6 +44,7 @@ class Reply(asyncio.Protocol):
         "_interims",
         "_lost",
         "_started",
+        "_tail_held",
         "_transport",
         "_write_paused",
         "chunked",
@@ -61,6 +62,7 @@ class Reply(asyncio.Protocol):
         self.chunked = False
         self._started = False
         self._ended = False
+        self._tail_held = False
         self._close_after = False
         self._interims = 0
 
@@ -165,6 +167,13 @@ class Reply(asyncio.Protocol):
             lines.append("Connection: close")
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
+    def end_held(self) -> bytes:
+        """The chunked terminator (empty when not chunked), not written: the relay sends it
+        with the body's last bytes when the body ended cleanly (one write, not two);
+        ``end`` then writes it no more."""
+        self._tail_held = True
+        return b"0\r\n\r\n" if self.chunked else b""
+
     async def write(self, data: bytes) -> None:
         """Send body bytes, waiting while the client's buffer is full (``ConnectionError``)."""
         t = self.transport
@@ -198,7 +207,7 @@ class Reply(asyncio.Protocol):
         t = self.transport
         if t is None or t.is_closing():
             raise ConnectionResetError("the client closed the connection")
-        if self.chunked:
+        if self.chunked and not self._tail_held:
             t.write(b"0\r\n\r\n")
         self._ended = True
 

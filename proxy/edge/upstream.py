@@ -447,11 +447,11 @@ class UpstreamConnection(asyncio.Protocol):
         self._early_bytes = 0
         for data, read_ns in early:
             consumer.body(data, read_ns)
+        if self._ended:  # before ``read_done``, as in a read that ends the body
+            consumer.end(self._error)
         consumer.read_done()
         if held and not self._ended:
             self.resume_reading()
-        if self._ended:
-            consumer.end(self._error)
 
     def pause_reading(self) -> None:
         """Stop reading the upstream socket (the client is not draining)."""
