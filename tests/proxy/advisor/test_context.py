@@ -44,9 +44,16 @@ class StepModel:
         return self.step_s + tokens * self.inv_rate + self.context_s * tokens * (before + tokens)
 
 
-def drive(model: StepModel, prompts: list[int], streams: int = 12) -> AdvisorObservations:
+def drive(
+    model: StepModel, prompts: list[int], streams: int = 12, api_delay: float = 0.0
+) -> AdvisorObservations:
     """``streams`` streams ending one after another; the long ``prompts`` one at a time, each
-    forwarded a third into a running step and computed from the next one on, in pieces."""
+    forwarded a third into a running step and computed from the next one on, in pieces.
+
+    ``api_delay`` (a share of a decode step): the engine's API server, taking the long
+    request in, delays the streams' tokens of the step it is forwarded in by that much; the
+    next step is a decode step whose token comes on time (the delay given back), and the
+    prompt is computed from the step after it."""
     obs = AdvisorObservations(BACKEND)
     labels = RequestLabels("chat", "m", BACKEND)
     left = {f"s{k}": 160 + 10 * k for k in range(streams)}
@@ -60,10 +67,14 @@ def drive(model: StepModel, prompts: list[int], streams: int = 12) -> AdvisorObs
     current: tuple[str, list[int]] | None = None  # the prompt being computed, pieces left
     before = 0
     step = 0
+    hold = 0  # decode steps before the prompt's first piece
+    delay_ns = 0
     while left or current or queue:
         step += 1
         piece = 0
-        if current is not None:
+        if current is not None and hold:
+            hold -= 1
+        elif current is not None:
             piece = current[1].pop(0)
         dur_s = model.base_s + model.per_stream_s * len(left)
         if piece:
@@ -76,15 +87,18 @@ def drive(model: StepModel, prompts: list[int], streams: int = 12) -> AdvisorObs
             obs.forwarded(rid, tf)
             obs.prefill_done(PrefillRecord(rid, labels, tf, tf, prompt, 0, 0, 0.0))
             current, before = (rid, pieces(prompt, model.chunk)), 0
+            if api_delay:
+                hold, delay_ns = 1, round(api_delay * (end_ns - start_ns))
         done = None
         if piece and current is not None:
             before += piece
             if not current[1]:  # its first token comes with the others' (read first here)
                 done, current = current[0], None
                 obs.first_token(done, end_ns)
+        read_ns, delay_ns = end_ns + delay_ns, 0
         for rid in list(left):
-            obs.gap(rid, last[rid], end_ns)
-            last[rid] = end_ns
+            obs.gap(rid, last[rid], read_ns)
+            last[rid] = read_ns
             left[rid] -= 1
             if left[rid] == 0:
                 del left[rid]
@@ -158,6 +172,17 @@ def test_the_largest_chunk_within_a_target_accounts_for_the_context():
     assert chunk is not None
     assert worst_and_ttft(model, 6000, 10, chunk) <= target_s * 1.02
     assert worst_and_ttft(model, 6000, 10, round(chunk * 1.05)) > target_s * 0.98
+
+
+def test_the_api_servers_delay_at_a_windows_start_is_no_piece():
+    # The step the long request is forwarded in comes 0.8 of a decode step late to every
+    # stream: an elevated "step" at the window's start, far below the first piece.
+    model = StepModel()
+    fitted = fit(drive(model, CHUNKED, api_delay=0.8).snapshot())
+    assert [w.pieces for w in fitted.windows] == [math.ceil(p / 700) for p in CHUNKED]
+    assert fitted.fit_record.chunk_size == pytest.approx(700, abs=3)
+    assert fitted.prefill_context_s == pytest.approx(model.context_s, rel=0.03)
+    assert fitted.fit_record.prefill_tokens_per_s == pytest.approx(4000, rel=0.03)
 
 
 def test_a_step_cost_and_a_context_term_are_told_apart():
