@@ -91,6 +91,9 @@ class ContextFit:
     """The same without it (the model it is compared with)."""
     note: str
     """Why it was kept or dropped, one sentence."""
+    step_note: str = ""
+    """Kept, what the joint fit said of a fixed cost per step beside it (its 95% interval,
+    told from 0 or not)."""
 
 
 def attended(tokens: int, before: int) -> int:
@@ -139,9 +142,9 @@ def fit_context(
     solved = _joint(points)
     if solved is None:
         return dropped("too few, or too alike, steps to tell a context term from the rate")
-    fitted, step_why = solved
+    fitted, step_kept, step_note = solved
     c_s, c_se = fitted.beta[0], fitted.stderr[0]
-    s_s = fitted.beta[1] if step_why is None else 0.0
+    s_s = fitted.beta[1] if step_kept else 0.0
     inv_s = fitted.beta[-1]
     value = fitted.interval(0, 1e9, " us a token per 1,000 tokens of context")
     if inv_s <= 0:
@@ -165,31 +168,34 @@ def fit_context(
             c_s,
             c_se,
         )
-    step_note = f" ({step_why}, taken as 0)" if step_why else ""
     note = (
         f"{seen}: the context term, {value} (+{share:.0%} on the longest prompt, "
         f"{longest.tokens} tokens), is told from 0 and explains the windows' totals better "
-        f"than none (residual {with_term:.1%} against {without:.1%}){step_note}; kept"
+        f"than none (residual {with_term:.1%} against {without:.1%}); kept"
     )
-    return ContextFit(c_s, s_s, inv_s, True, c_s, c_se, with_term, without, note)
+    return ContextFit(c_s, s_s, inv_s, True, c_s, c_se, with_term, without, note, step_note)
 
 
-def _joint(points: list[StepPoint]) -> tuple[LeastSquares, str | None] | None:
+def _joint(points: list[StepPoint]) -> tuple[LeastSquares, bool, str] | None:
     """The fit ``(context, step cost, s per token)`` when the step cost's 95% interval lies
-    above 0 beside the context term, else ``(context, s per token)`` and why the step cost
-    was left out; ``None`` when neither can be solved."""
+    above 0 beside the context term, else ``(context, s per token)``; whether the step cost
+    was kept, and a sentence saying why; ``None`` when neither can be solved."""
     ys = [p.excess_s for p in points]
     cols = [float(attended(p.tokens, p.context_tokens)) for p in points]
     joint = least_squares(
         [[c, 1.0, float(p.tokens)] for c, p in zip(cols, points, strict=True)], ys
     )
-    why = None
+    why = "too few steps to fit a fixed cost per step beside the context term"
     if joint is not None:
-        if joint.above_zero(1):
-            return joint, None
         step = joint.interval(1, 1e3, " ms")
-        why = f"the fixed cost per step beside it, {step}, is not told from 0"
+        if joint.above_zero(1):
+            return (
+                joint,
+                True,
+                f"beside the context term, the fixed cost per step, {step}, is told from 0",
+            )
+        why = f"beside the context term, the fixed cost per step, {step}, is not told from 0"
     alone = least_squares([[c, float(p.tokens)] for c, p in zip(cols, points, strict=True)], ys)
     if alone is None:
         return None
-    return alone, why or "too few steps to fit a fixed cost per step beside it"
+    return alone, False, why

@@ -188,6 +188,10 @@ def fit(snapshot: ObservationSnapshot) -> Fit:
         with_step = windows_residual(usable, new_chunk, line.step_s, line.inv_rate)
         without = windows_residual(usable, chunk, 0.0, inv_rate)
         if with_step < without:
+            note = (
+                f"{line.note} and explains the windows' totals better than none (residual "
+                f"{with_step:.1%} against {without:.1%}); kept"
+            )
             step_s, inv_rate = line.step_s, line.inv_rate
             quality["prefill_step_residual_rel"] = line.residual_rel
             if again is not None:
@@ -212,10 +216,10 @@ def fit(snapshot: ObservationSnapshot) -> Fit:
             if refit.kept:
                 chunk, context = better, refit
     if context.kept:
-        if context.step_s > 0 and step_s == 0:
-            note = None  # told from 0 beside the context term
-        elif context.step_s == 0 and step_s > 0:
-            note = "the fixed cost per step is not told from 0 beside the context term; taken as 0"
+        if context.step_s > 0:
+            note = f"{context.step_note}; kept"
+        elif step_s > 0:
+            note = f"{context.step_note}; taken as 0"
         step_s, inv_rate = context.step_s, context.inv_rate
     observations["prefill_step_note"] = note
     observations["prefill_context_note"] = context.note

@@ -159,8 +159,8 @@ class StepLine:
     """s per prompt token (meaningful only with ``step_s``)."""
     residual_rel: float | None
     """Relative RMS of the points about the fit."""
-    note: str | None
-    """Why ``step_s`` is ``None``."""
+    note: str
+    """Why ``step_s`` is ``None`` (ends "taken as 0"), or its 95% interval, told from 0."""
 
     def tokens_range(self, chunk: int | None) -> list[int] | None:
         """Fewest and most prompt tokens one of the points carried, at ``chunk``."""
@@ -231,7 +231,8 @@ def step_line(windows: list[WindowFit], split: list[WindowFit], chunk: int | Non
             if y > 0
         ]
     )
-    return StepLine(tuple(tokens), step_s, inv_rate, residual, None)
+    told = f"{seen}: the fixed cost per step, {solved.interval(0, 1e3, ' ms')}, is told from 0"
+    return StepLine(tuple(tokens), step_s, inv_rate, residual, told)
 
 
 def windows_residual(

@@ -191,7 +191,10 @@ def test_a_step_cost_and_a_context_term_are_told_apart():
     assert fitted.prefill_context_s == pytest.approx(model.context_s, rel=0.03)
     assert fitted.prefill_step_s == pytest.approx(0.030, rel=0.05)
     assert fitted.fit_record.prefill_tokens_per_s == pytest.approx(4000, rel=0.03)
-    assert fitted.observations["prefill_step_note"] is None
+    step_note = fitted.observations["prefill_step_note"]
+    assert isinstance(step_note, str)
+    assert step_note.endswith("; kept"), step_note
+    assert "is told from 0" in step_note
 
 
 def test_no_context_effect_drops_the_term_and_says_why():
