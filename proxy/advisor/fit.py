@@ -38,9 +38,11 @@ BLIS's step models)::
   from 0 (``proxy.advisor.context``). Kept, the chunk is found again as the size whose
   steps it explains best; ``observations["prefill_context_note"]`` says why either way.
 - **A window's start**: a "piece" smaller than ``START_PIECE_RATIO`` of the next one
-  at the start of a window is no step of the prompt but the engine's API server busy
-  taking the request in (vLLM's delays the streams' tokens by a few decode steps; the
-  next gaps, shorter, give the time back): it is not counted as a piece.
+  at the start of a window is no step of the prompt (its first piece is a full one, and
+  the next costs at most a few times as much even where context dominates) but the
+  engine's API server busy taking the request in (vLLM's delays the streams' tokens by a
+  few decode steps; the next gaps, shorter, give the time back): it is not counted as a
+  piece, nor one before it that small beside it.
 - **Chunk size**: the number of steps with a clear excess tells how many
   pieces one prompt took. One step: the prompt was not split (chunk at least
   that big). Several: ``chunk = rate x (excess of a full piece)``; each such
@@ -333,8 +335,8 @@ def _window_fit(window: WindowObservation, prompt_tokens: int, decode: Fit) -> W
             total += excess
             if excess > max(ELEVATED_MIN_S, ELEVATED_RATIO * step):
                 elevated.append(excess)
-        if len(elevated) >= 2 and elevated[0] < START_PIECE_RATIO * elevated[1]:
-            del elevated[0]
+        while len(elevated) >= 2 and elevated[0] < START_PIECE_RATIO * elevated[1]:
+            del elevated[0]  # the API server's delay, not a piece
         totals.append(total)
         pieces.append(len(elevated))
         ordered.append(list(elevated))

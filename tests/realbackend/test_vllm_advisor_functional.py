@@ -147,8 +147,8 @@ class EngineCheck:
     engine_prefill_s: float
     predicted_s: float
     """The fit's row at the fit's own chunk: its steps' sum (TTFT minus half a decode step)."""
-    gaps_ms: tuple[int, ...]
-    """One stream decoding through it: its gaps from the one before it was forwarded to the
+    gaps_ms: tuple[tuple[int, ...], ...]
+    """Each stream decoding through it: its gaps from the one before it was forwarded to the
     one after its first token, ms (what the advisor counts the steps that carried it by)."""
 
 
@@ -172,13 +172,18 @@ async def _engine_checks(proxy: RecordedProxy, fit: dict[str, Any]) -> list[Engi
             and proxy.watcher.finished_ns[f"fit-{i}"] > t1
         ]
         streams = len(through)
-        stamps = proxy.watcher.output_ns[f"fit-{through[-1]}"] if through else []
-        first = max((k for k, t in enumerate(stamps) if t <= tf), default=0)
-        last = next((k for k, t in enumerate(stamps) if t > t1), len(stamps) - 1)
-        gaps = tuple(round((b - a) / 1e6) for a, b in itertools.pairwise(stamps[first : last + 2]))
+        gaps = []
+        for i in through:
+            stamps = proxy.watcher.output_ns[f"fit-{i}"]
+            first = max((k for k, t in enumerate(stamps) if t <= tf), default=0)
+            last = next((k for k, t in enumerate(stamps) if t > t1), len(stamps) - 1)
+            pairs = itertools.pairwise(stamps[first : last + 2])
+            gaps.append(tuple(round((b - a) / 1e6) for a, b in pairs))
         (row,) = (await _advice(proxy.admin_url, record.prompt_tokens, streams, chunk))["table"]
         window = row["ttft_s"] - (d["base"] + d["per_stream"] * streams) / 2
-        out.append(EngineCheck(record.prompt_tokens, streams, timings.prefill_s, window, gaps))
+        out.append(
+            EngineCheck(record.prompt_tokens, streams, timings.prefill_s, window, tuple(gaps))
+        )
     return out
 
 
@@ -242,8 +247,8 @@ class Direction:
             lines.append(
                 f"  fit prompt {e.prompt_tokens} tokens, {e.streams} streams: vLLM's own prefill "
                 f"{e.engine_prefill_s * 1e3:.0f} ms, the fit's window {e.predicted_s * 1e3:.0f} ms "
-                f"({e.predicted_s / e.engine_prefill_s - 1:+.1%}); a stream's gaps "
-                f"{' '.join(map(str, e.gaps_ms))} ms"
+                f"({e.predicted_s / e.engine_prefill_s - 1:+.1%}); the streams' gaps (ms) "
+                + " | ".join(" ".join(map(str, g)) for g in e.gaps_ms)
             )
         return "\n".join(lines)
 
