@@ -99,8 +99,9 @@ async def _measured_run(proxy: RecordedProxy, prompts: Prompts, budget: int) -> 
     """8 streams, one long prompt: what each cell of the advisor's row is measured as."""
     step_s = await decode_step_s(proxy, prompts, "m-probe")
     text = prompts.text(LONG)
-    # The 8 streams step slower than one: they outlast the wait, twice the prefill and more.
-    tokens = int((20 * step_s + 1.0 + 2 * LONG * PREFILL_S_PER_TOKEN) / step_s) + 20
+    # The 8 streams step slower than one: they outlast the wait, three times the prefill and
+    # more (twice was once too little on a machine that slowed down after the probe).
+    tokens = int((20 * step_s + 1.0 + 3 * LONG * PREFILL_S_PER_TOKEN) / step_s) + 40
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         async with asyncio.TaskGroup() as group:
             for i in range(STREAMS):
