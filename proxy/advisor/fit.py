@@ -42,7 +42,10 @@ BLIS's step models)::
   the next costs at most a few times as much even where context dominates) but the
   engine's API server busy taking the request in (vLLM's delays the streams' tokens by a
   few decode steps; the next gaps, shorter, give the time back): it is not counted as a
-  piece, nor one before it that small beside it.
+  piece, nor one before it that small beside it. Nor is a last one below that share of
+  the one before it and below ``END_DELAY_STEPS`` decode steps of excess: the API server,
+  late sending the first token, lets the streams' next step fall into the window (a real
+  remainder that small costs less than two decode steps and is miscounted).
 - **Chunk size**: the number of steps with a clear excess tells how many
   pieces one prompt took. One step: the prompt was not split (chunk at least
   that big). Several: ``chunk = rate x (excess of a full piece)``; each such
@@ -89,6 +92,9 @@ ELEVATED_RATIO = 0.15
 """... and above this share of the decode step."""
 START_PIECE_RATIO = 0.3
 """A window's first elevated step below this share of the next is the API server's delay."""
+END_DELAY_STEPS = 2.0
+"""... and its last one, below that share of the one before and this many decode steps of
+excess, the API server's delay sending the first token (read after the streams' next one)."""
 MEASURABLE_MIN_S = 0.003
 """A window's total excess must exceed this (s) ..."""
 MEASURABLE_RATIO = 0.25
@@ -337,6 +343,12 @@ def _window_fit(window: WindowObservation, prompt_tokens: int, decode: Fit) -> W
                 elevated.append(excess)
         while len(elevated) >= 2 and elevated[0] < START_PIECE_RATIO * elevated[1]:
             del elevated[0]  # the API server's delay, not a piece
+        while (
+            len(elevated) >= 2
+            and elevated[-1] < START_PIECE_RATIO * elevated[-2]
+            and elevated[-1] < END_DELAY_STEPS * step_s
+        ):
+            del elevated[-1]  # the API server's delay sending the first token, not a piece
         totals.append(total)
         pieces.append(len(elevated))
         ordered.append(list(elevated))

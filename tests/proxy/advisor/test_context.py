@@ -45,7 +45,11 @@ class StepModel:
 
 
 def drive(
-    model: StepModel, prompts: list[int], streams: int = 12, api_delay: float = 0.0
+    model: StepModel,
+    prompts: list[int],
+    streams: int = 12,
+    api_delay: float = 0.0,
+    late_first_token: bool = False,
 ) -> AdvisorObservations:
     """``streams`` streams ending one after another; the long ``prompts`` one at a time, each
     forwarded a third into a running step and computed from the next one on, in pieces.
@@ -53,7 +57,11 @@ def drive(
     ``api_delay`` (a share of a decode step): the engine's API server, taking the long
     request in, delays the streams' tokens of the step it is forwarded in by that much; the
     next step is a decode step whose token comes on time (the delay given back), and the
-    prompt is computed from the step after it."""
+    prompt is computed from the step after it.
+
+    ``late_first_token``: the API server sends a long request's first token two decode steps
+    after its last piece, and the streams' token of the step after that piece 0.8 of a
+    decode step late (in the window, as an elevated step)."""
     obs = AdvisorObservations(BACKEND)
     labels = RequestLabels("chat", "m", BACKEND)
     left = {f"s{k}": 160 + 10 * k for k in range(streams)}
@@ -69,6 +77,7 @@ def drive(
     step = 0
     hold = 0  # decode steps before the prompt's first piece
     delay_ns = 0
+    pending_ns = 0  # the late read of the step after a prompt's last piece
     while left or current or queue:
         step += 1
         piece = 0
@@ -94,8 +103,15 @@ def drive(
             before += piece
             if not current[1]:  # its first token comes with the others' (read first here)
                 done, current = current[0], None
-                obs.first_token(done, end_ns)
+                if late_first_token:
+                    decode_ns = round((model.base_s + model.per_stream_s * len(left)) * 1e9)
+                    obs.first_token(done, end_ns + 2 * decode_ns)
+                    pending_ns = round(0.8 * decode_ns)
+                else:
+                    obs.first_token(done, end_ns)
         read_ns, delay_ns = end_ns + delay_ns, 0
+        if pending_ns and not piece:
+            read_ns, pending_ns = read_ns + pending_ns, 0
         for rid in list(left):
             obs.gap(rid, last[rid], read_ns)
             last[rid] = read_ns
@@ -183,6 +199,20 @@ def test_the_api_servers_delay_at_a_windows_start_is_no_piece():
     assert fitted.fit_record.chunk_size == pytest.approx(700, abs=3)
     assert fitted.prefill_context_s == pytest.approx(model.context_s, rel=0.03)
     assert fitted.fit_record.prefill_tokens_per_s == pytest.approx(4000, rel=0.03)
+
+
+def test_the_api_servers_late_first_token_is_no_piece():
+    # The long request's first token comes two decode steps late; the streams' next step,
+    # 0.8 of a step late, ends in its window: an elevated "step" after the last piece.
+    model = StepModel(chunk=None, inv_rate=1 / 250, context_s=7.5e-7)
+    fitted = fit(drive(model, UNCHUNKED, streams=8, late_first_token=True).snapshot())
+    assert [w.pieces for w in fitted.windows] == [1] * len(UNCHUNKED)
+    assert fitted.fit_record.chunked is False
+    # Chunked: the last pieces (300, 500 of 700) are kept.
+    model = StepModel()
+    fitted = fit(drive(model, CHUNKED, late_first_token=True).snapshot())
+    assert [w.pieces for w in fitted.windows] == [math.ceil(p / 700) for p in CHUNKED]
+    assert fitted.fit_record.chunk_size == pytest.approx(700, abs=3)
 
 
 def test_a_step_cost_and_a_context_term_are_told_apart():
