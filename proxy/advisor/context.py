@@ -1,43 +1,43 @@
 """The context term of the cost model: a prompt piece costs more the more context it attends to.
 
 Pure. On a CPU (and for long prompts on any engine) attention makes a prompt
-token's cost grow with the tokens before it. A token at position ``t`` costs
-``1 / rate + context x t``; a piece of ``x`` tokens after ``L`` already in the KV
-cache then costs (summed over its tokens, continuous form)::
+piece's cost grow with the tokens before it. A piece of ``x`` tokens after ``L``
+of the same prompt already in the KV cache attends, as engines compute it, an
+``x`` by ``L + x`` block (the causal mask hides half of the last ``x`` columns but
+the kernels still compute them; vLLM's CPU build and llama.cpp both do)::
 
-    piece_s = prefill_step + x / rate + context x (L x + x^2 / 2)
+    piece_s = prefill_step + x / rate + context x x (L + x)
 
-the ``a (2 L x + x^2)`` term of ROCm ATOM's step model with ``a = context / 2``.
-Summed over the pieces of one prompt of ``P`` tokens the context term
-telescopes to ``context x P^2 / 2`` whatever the split: a window's total excess is
-``steps x prefill_step + P / rate + context x P^2 / 2``, and how the pieces were
-counted does not matter to it.
+the ``a (2 L x + x^2)`` term of ROCm ATOM's step model, with the ``x^2`` of the
+block computed whole. It does not telescope: a prompt of ``P`` tokens in pieces
+``x_1 .. x_k`` costs ``context x (P^2 + sum x_j^2) / 2``, ``context x P^2`` in one
+piece and about half that in many small ones, so each window carries its pieces
+(``WindowTotal.pieces``).
 
 Fitted by least squares on the prefill steps (each piece of a split prompt, at
 the context the pieces before it left; an unsplit prompt's one step), jointly
 with ``prefill_step`` and the rate. Kept only when all of these hold, else 0 and
 the note says which failed:
 
-- ``context`` is ``CONTEXT_SIGNIFICANCE`` standard errors above 0;
+- the 95% interval of ``context`` (Student's t, ``proxy.advisor.regression``)
+  lies above 0;
 - it matters: over the longest prompt seen it adds at least
   ``CONTEXT_MIN_SHARE`` of that prompt's modelled prefill time;
-- it explains the windows' telescoped totals better than the model without it
-  (their RMS residual, relative to their RMS, is lower).
+- it explains the windows' totals better than the model without it (their RMS
+  residual, relative to their RMS, is lower).
 
-A fixed cost per prefill step comes back with it only when it is itself
-``CONTEXT_SIGNIFICANCE`` standard errors above 0 in the joint fit.
+A fixed cost per prefill step comes back with it only when its own 95% interval
+in the joint fit lies above 0.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from proxy.advisor.regression import least_squares
+from proxy.advisor.regression import LeastSquares, least_squares
 
-CONTEXT_SIGNIFICANCE = 2.0
-"""The context term (and a step cost fitted with it) is kept only this many standard errors
-above 0."""
 CONTEXT_MIN_SHARE = 0.03
 """... and only when it is at least this share of the longest prompt's modelled prefill."""
 
@@ -58,12 +58,15 @@ class StepPoint:
 class WindowTotal:
     """One prompt's whole prefill: its tokens, its steps, the time they took beyond decoding."""
 
-    tokens: int
-    """Uncached prompt tokens (``P``)."""
-    steps: int
-    """Steps that carried a piece of it."""
+    pieces: tuple[int, ...]
+    """Prompt tokens of each step that carried a piece of it, in order (sum: ``P``)."""
     excess_s: float
     """Their total excess, s."""
+
+    @property
+    def tokens(self) -> int:
+        """Uncached prompt tokens (``P``)."""
+        return sum(self.pieces)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,16 +91,28 @@ class ContextFit:
     """The same without it (the model it is compared with)."""
     note: str
     """Why it was kept or dropped, one sentence."""
+    step_note: str = ""
+    """Kept, what the joint fit said of a fixed cost per step beside it (its 95% interval,
+    told from 0 or not)."""
+
+
+def attended(tokens: int, before: int) -> int:
+    """The context term's factor of a piece of ``tokens`` after ``before``: ``x (L + x)``."""
+    return tokens * (before + tokens)
 
 
 def piece_s(step_s: float, inv_rate: float, context_s: float, tokens: int, before: int) -> float:
     """What a piece of ``tokens`` after ``before`` tokens of the same prompt costs (s)."""
-    return step_s + tokens * inv_rate + context_s * (before * tokens + tokens * tokens / 2)
+    return step_s + tokens * inv_rate + context_s * attended(tokens, before)
 
 
-def total_s(step_s: float, inv_rate: float, context_s: float, tokens: int, steps: int) -> float:
-    """A whole prompt of ``tokens`` in ``steps`` pieces (the context term telescopes)."""
-    return steps * step_s + tokens * inv_rate + context_s * tokens * tokens / 2
+def total_s(step_s: float, inv_rate: float, context_s: float, pieces: Sequence[int]) -> float:
+    """A whole prompt computed in ``pieces`` (tokens of each step, in order), s."""
+    out, before = 0.0, 0
+    for x in pieces:
+        out += piece_s(step_s, inv_rate, context_s, x, before)
+        before += x
+    return out
 
 
 def totals_residual(
@@ -106,9 +121,7 @@ def totals_residual(
     """RMS of the windows' totals about the model, relative to their RMS: a long prompt
     weighs more than a short one (the fit is for long prompts; a short one's total is
     mostly jitter), unlike the mean of each window's relative error."""
-    sq = sum(
-        (t.excess_s - total_s(step_s, inv_rate, context_s, t.tokens, t.steps)) ** 2 for t in totals
-    )
+    sq = sum((t.excess_s - total_s(step_s, inv_rate, context_s, t.pieces)) ** 2 for t in totals)
     norm = sum(t.excess_s**2 for t in totals)
     return math.sqrt(sq / norm) if norm > 0 else 0.0
 
@@ -128,20 +141,22 @@ def fit_context(
         return dropped("fewer than 3 different context lengths, too few to tell a context term")
     solved = _joint(points)
     if solved is None:
-        return dropped("too alike to tell a context term from the rate")
-    c_s, c_se, s_s, inv_s = solved
-    value = f"{c_s * 1e9:.2f} +- {c_se * 1e9:.2f} us a token per 1,000 tokens of context"
+        return dropped("too few, or too alike, steps to tell a context term from the rate")
+    fitted, step_kept, step_note = solved
+    c_s, c_se = fitted.beta[0], fitted.stderr[0]
+    s_s = fitted.beta[1] if step_kept else 0.0
+    inv_s = fitted.beta[-1]
+    value = fitted.interval(0, 1e9, " us a token per 1,000 tokens of context")
     if inv_s <= 0:
         return dropped(f"the rate came out <= 0 beside a context term of {value}", c_s, c_se)
-    if c_s <= 0 or c_s < CONTEXT_SIGNIFICANCE * c_se:
-        why = f"not {CONTEXT_SIGNIFICANCE:g} standard errors above 0"
-        return dropped(f"the context term, {value}, is {why}", c_s, c_se)
-    longest = max(t.tokens for t in totals)
-    share = c_s * longest * longest / 2 / total_s(s_s, inv_s, c_s, longest, 1)
+    if not fitted.above_zero(0):
+        return dropped(f"the context term, {value}, is not told from 0", c_s, c_se)
+    longest = max(totals, key=lambda t: t.tokens)
+    share = c_s * attended(longest.tokens, 0) / total_s(s_s, inv_s, c_s, [longest.tokens])
     if share < CONTEXT_MIN_SHARE:
         return dropped(
-            f"the context term, {value}, adds {share:.1%} to the longest prompt's ({longest} "
-            f"tokens) prefill, below {CONTEXT_MIN_SHARE:.0%}",
+            f"the context term, {value}, adds {share:.1%} to the longest prompt's "
+            f"({longest.tokens} tokens) prefill, below {CONTEXT_MIN_SHARE:.0%}",
             c_s,
             c_se,
         )
@@ -154,30 +169,33 @@ def fit_context(
             c_se,
         )
     note = (
-        f"{seen}: the context term, {value} (+{share:.0%} on the longest prompt, {longest} "
-        f"tokens), explains the windows' totals better than none (residual {with_term:.1%} "
-        f"against {without:.1%}); kept"
+        f"{seen}: the context term, {value} (+{share:.0%} on the longest prompt, "
+        f"{longest.tokens} tokens), is told from 0 and explains the windows' totals better "
+        f"than none (residual {with_term:.1%} against {without:.1%}); kept"
     )
-    return ContextFit(c_s, s_s, inv_s, True, c_s, c_se, with_term, without, note)
+    return ContextFit(c_s, s_s, inv_s, True, c_s, c_se, with_term, without, note, step_note)
 
 
-def _joint(points: list[StepPoint]) -> tuple[float, float, float, float] | None:
-    """(context, its standard error, step cost, s per token): with a step cost when it is
-    ``CONTEXT_SIGNIFICANCE`` standard errors above 0 beside the context term, else without."""
-
-    def ctx(p: StepPoint) -> float:
-        return p.context_tokens * p.tokens + p.tokens * p.tokens / 2
-
+def _joint(points: list[StepPoint]) -> tuple[LeastSquares, bool, str] | None:
+    """The fit ``(context, step cost, s per token)`` when the step cost's 95% interval lies
+    above 0 beside the context term, else ``(context, s per token)``; whether the step cost
+    was kept, and a sentence saying why; ``None`` when neither can be solved."""
     ys = [p.excess_s for p in points]
-    # Each column first in turn: ``least_squares`` gives the first one's standard error.
-    joint = least_squares([[ctx(p), 1.0, float(p.tokens)] for p in points], ys)
-    step = least_squares([[1.0, ctx(p), float(p.tokens)] for p in points], ys)
-    if joint is not None and step is not None:
-        (c_s, s_s, inv_s), c_se = joint
-        if s_s > 0 and s_s >= CONTEXT_SIGNIFICANCE * step[1]:
-            return c_s, c_se, s_s, inv_s
-    alone = least_squares([[ctx(p), float(p.tokens)] for p in points], ys)
+    cols = [float(attended(p.tokens, p.context_tokens)) for p in points]
+    joint = least_squares(
+        [[c, 1.0, float(p.tokens)] for c, p in zip(cols, points, strict=True)], ys
+    )
+    why = "too few steps to fit a fixed cost per step beside the context term"
+    if joint is not None:
+        step = joint.interval(1, 1e3, " ms")
+        if joint.above_zero(1):
+            return (
+                joint,
+                True,
+                f"beside the context term, the fixed cost per step, {step}, is told from 0",
+            )
+        why = f"beside the context term, the fixed cost per step, {step}, is not told from 0"
+    alone = least_squares([[c, float(p.tokens)] for c, p in zip(cols, points, strict=True)], ys)
     if alone is None:
         return None
-    (c_s, inv_s), c_se = alone
-    return c_s, c_se, 0.0, inv_s
+    return alone, False, why

@@ -4,7 +4,7 @@ Pure: no clock, no framework. The model (the linear form of Sarathi-Serve's and
 BLIS's step models)::
 
     step_s = base + per_stream x decoding streams
-             + (prefill_step + x / rate + context x (L x + x^2 / 2), if it carries a
+             + (prefill_step + x / rate + context x x (L + x), if it carries a
                 piece of x prompt tokens after L of the same prompt)
 
 - **Decode step** (``base``, ``per_stream``): the median clean decode gap at each
@@ -25,8 +25,9 @@ BLIS's step models)::
   ``prefill_step + (P - (k - 1) chunk) / rate``, linear in ``(prefill_step,
   1 / rate, chunk / rate)``: least squares over all of them. On an idle backend
   only, the first tokens of prompts of different sizes are the points. Kept
-  only ``STEP_SIGNIFICANCE`` standard errors above 0 and when it explains the
-  windows' telescoped totals better than none does; else (too few or too
+  only when its 95% interval (Student's t, ``proxy.advisor.regression``) lies
+  above 0 and when it explains the windows' telescoped totals better than none
+  does; else (too few or too
   alike steps, e.g. prompts of 3 and 2 pieces whose remainders tell nothing,
   or a negative intercept: bigger steps dearer per token, as attention over a
   long prompt makes them) it is 0, the rate is fitted through the origin as
@@ -36,6 +37,15 @@ BLIS's step models)::
   fitted on each prefill step at the context it had, kept only where the steps tell it
   from 0 (``proxy.advisor.context``). Kept, the chunk is found again as the size whose
   steps it explains best; ``observations["prefill_context_note"]`` says why either way.
+- **A window's start**: a "piece" smaller than ``START_PIECE_RATIO`` of the next one
+  at the start of a window is no step of the prompt (its first piece is a full one, and
+  the next costs at most a few times as much even where context dominates) but the
+  engine's API server busy taking the request in (vLLM's delays the streams' tokens by a
+  few decode steps; the next gaps, shorter, give the time back): it is not counted as a
+  piece, nor one before it that small beside it. Nor is a last one below that share of
+  the one before it and below ``END_DELAY_STEPS`` decode steps of excess: the API server,
+  late sending the first token, lets the streams' next step fall into the window (a real
+  remainder that small costs less than two decode steps and is miscounted).
 - **Chunk size**: the number of steps with a clear excess tells how many
   pieces one prompt took. One step: the prompt was not split (chunk at least
   that big). Several: ``chunk = rate x (excess of a full piece)``; each such
@@ -63,7 +73,7 @@ from proxy.advisor.pieces import (
     context_points,
     fit_chunk,
     is_split,
-    piece_count,
+    piece_sizes,
     rms,
     step_line,
     windows_residual,
@@ -80,6 +90,11 @@ ELEVATED_MIN_S = 0.002
 """A step is "carrying prefill" above this excess (s) ..."""
 ELEVATED_RATIO = 0.15
 """... and above this share of the decode step."""
+START_PIECE_RATIO = 0.3
+"""A window's first elevated step below this share of the next is the API server's delay."""
+END_DELAY_STEPS = 2.0
+"""... and its last one, below that share of the one before and this many decode steps of
+excess, the API server's delay sending the first token (read after the streams' next one)."""
 MEASURABLE_MIN_S = 0.003
 """A window's total excess must exceed this (s) ..."""
 MEASURABLE_RATIO = 0.25
@@ -181,6 +196,10 @@ def fit(snapshot: ObservationSnapshot) -> Fit:
         with_step = windows_residual(usable, new_chunk, line.step_s, line.inv_rate)
         without = windows_residual(usable, chunk, 0.0, inv_rate)
         if with_step < without:
+            note = (
+                f"{line.note} and explains the windows' totals better than none (residual "
+                f"{with_step:.1%} against {without:.1%}); kept"
+            )
             step_s, inv_rate = line.step_s, line.inv_rate
             quality["prefill_step_residual_rel"] = line.residual_rel
             if again is not None:
@@ -205,10 +224,10 @@ def fit(snapshot: ObservationSnapshot) -> Fit:
             if refit.kept:
                 chunk, context = better, refit
     if context.kept:
-        if context.step_s > 0 and step_s == 0:
-            note = None  # told from 0 beside the context term
-        elif context.step_s == 0 and step_s > 0:
-            note = "the fixed cost per step is not told from 0 beside the context term; taken as 0"
+        if context.step_s > 0:
+            note = f"{context.step_note}; kept"
+        elif step_s > 0:
+            note = f"{context.step_note}; taken as 0"
         step_s, inv_rate = context.step_s, context.inv_rate
     observations["prefill_step_note"] = note
     observations["prefill_context_note"] = context.note
@@ -219,10 +238,7 @@ def fit(snapshot: ObservationSnapshot) -> Fit:
     quality["prefill_context_residual_without_rel"] = context.residual_without_rel
     rate = 1.0 / inv_rate
     c_s = context.context_s
-    modelled = [
-        total_s(step_s, inv_rate, c_s, w.prompt_tokens, piece_count(w.prompt_tokens, chunk))
-        for w in usable
-    ]
+    modelled = [total_s(step_s, inv_rate, c_s, piece_sizes(w.prompt_tokens, chunk)) for w in usable]
     quality["prefill_residual_rel"] = rms(
         [(w.excess_s - m) / w.excess_s for w, m in zip(usable, modelled, strict=True)]
     )
@@ -325,6 +341,14 @@ def _window_fit(window: WindowObservation, prompt_tokens: int, decode: Fit) -> W
             total += excess
             if excess > max(ELEVATED_MIN_S, ELEVATED_RATIO * step):
                 elevated.append(excess)
+        while len(elevated) >= 2 and elevated[0] < START_PIECE_RATIO * elevated[1]:
+            del elevated[0]  # the API server's delay, not a piece
+        while (
+            len(elevated) >= 2
+            and elevated[-1] < START_PIECE_RATIO * elevated[-2]
+            and elevated[-1] < END_DELAY_STEPS * step_s
+        ):
+            del elevated[-1]  # the API server's delay sending the first token, not a piece
         totals.append(total)
         pieces.append(len(elevated))
         ordered.append(list(elevated))

@@ -12,13 +12,11 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from proxy.advisor.context import StepPoint, WindowTotal
+from proxy.advisor.context import StepPoint, WindowTotal, attended
 from proxy.advisor.regression import least_squares
 
 SPLIT_RATIO = 0.9
 """A window whose full piece is below this share of its prompt was split into chunks."""
-STEP_SIGNIFICANCE = 2.0
-"""A fixed cost per prefill step is kept only this many standard errors above 0."""
 CHUNK_CANDIDATES = 48
 """Chunk sizes tried at most per round when the context term moves the chunk."""
 
@@ -94,7 +92,7 @@ def context_points(
     points: list[StepPoint] = []
     totals: list[WindowTotal] = []
     for w in windows:
-        totals.append(WindowTotal(w.prompt_tokens, piece_count(w.prompt_tokens, chunk), w.excess_s))
+        totals.append(WindowTotal(piece_sizes(w.prompt_tokens, chunk), w.excess_s))
         if w.alone:
             if chunk is None:
                 points.append(StepPoint(w.prompt_tokens, 0, w.excess_s))
@@ -113,7 +111,7 @@ def context_points(
 
 def chunk_by_pieces(windows: list[WindowFit], split: list[WindowFit], chunk: int) -> int:
     """The chunk within the bounds the split windows agree on whose steps, at the context
-    each had, fit ``step + tokens / rate + context x (L x + x^2 / 2)`` best (least squares);
+    each had, fit ``step + tokens / rate + context x x (L + x)`` best (least squares);
     a coarse grid, then every size around the best."""
     low, high = 1.0, math.inf
     for w in split:
@@ -126,12 +124,12 @@ def chunk_by_pieces(windows: list[WindowFit], split: list[WindowFit], chunk: int
 
     def sse(size: int) -> float:
         points = context_points(windows, split, size)[0]
-        xs = [[p.context_tokens * p.tokens + p.tokens**2 / 2, 1.0, p.tokens] for p in points]
+        xs = [[float(attended(p.tokens, p.context_tokens)), 1.0, p.tokens] for p in points]
         ys = [p.excess_s for p in points]
         solved = least_squares(xs, ys)
         if solved is None:
             return math.inf
-        beta = solved[0]
+        beta = solved.beta
         return sum(
             (y - sum(b * v for b, v in zip(beta, x, strict=True))) ** 2
             for x, y in zip(xs, ys, strict=True)
@@ -161,8 +159,8 @@ class StepLine:
     """s per prompt token (meaningful only with ``step_s``)."""
     residual_rel: float | None
     """Relative RMS of the points about the fit."""
-    note: str | None
-    """Why ``step_s`` is ``None``."""
+    note: str
+    """Why ``step_s`` is ``None`` (ends "taken as 0"), or its 95% interval, told from 0."""
 
     def tokens_range(self, chunk: int | None) -> list[int] | None:
         """Fewest and most prompt tokens one of the points carried, at ``chunk``."""
@@ -213,16 +211,16 @@ def step_line(windows: list[WindowFit], split: list[WindowFit], chunk: int | Non
     if solved is None:
         note = f"{seen}: too few, or too alike, to tell a fixed cost per step from the rate"
         return StepLine(tuple(tokens), None, 0.0, None, note + "; taken as 0")
-    beta, se_step = solved
+    beta = solved.beta
     step_s, inv_rate = beta[0], beta[1]
-    if inv_rate <= 0 or step_s < 2 * se_step:
+    if inv_rate <= 0 or not solved.above_zero(0):
         why = (
             "bigger steps dearer per token, e.g. attention over a long prompt"
-            if step_s < -se_step - 1e-6
-            else f"not {STEP_SIGNIFICANCE:g} standard errors above it"
+            if step_s < -solved.stderr[0] - 1e-6
+            else "its 95% interval reaches 0"
         )
         note = (
-            f"{seen}: the fixed cost per step, {step_s * 1e3:.1f} +- {se_step * 1e3:.1f} ms, "
+            f"{seen}: the fixed cost per step, {solved.interval(0, 1e3, ' ms')}, "
             f"is not told from 0 ({why})"
         )
         return StepLine(tuple(tokens), None, 0.0, None, note + "; taken as 0")
@@ -233,7 +231,8 @@ def step_line(windows: list[WindowFit], split: list[WindowFit], chunk: int | Non
             if y > 0
         ]
     )
-    return StepLine(tuple(tokens), step_s, inv_rate, residual, None)
+    told = f"{seen}: the fixed cost per step, {solved.interval(0, 1e3, ' ms')}, is told from 0"
+    return StepLine(tuple(tokens), step_s, inv_rate, residual, told)
 
 
 def windows_residual(
@@ -247,6 +246,15 @@ def windows_residual(
         if w.excess_s > 0
     ]
     return rms(rel) or 0.0
+
+
+def piece_sizes(prompt_tokens: int, chunk: int | None) -> tuple[int, ...]:
+    """How a prompt is split over steps at ``chunk`` (``None``: one piece): full pieces, then
+    the rest."""
+    if chunk is None or chunk >= prompt_tokens:
+        return (prompt_tokens,)
+    full, rest = divmod(prompt_tokens, chunk)
+    return (chunk,) * full + ((rest,) if rest else ())
 
 
 def piece_count(prompt_tokens: int, chunk: int | None) -> int:

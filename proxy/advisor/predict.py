@@ -6,7 +6,7 @@ is computed in pieces of ``C``; every step that carries a piece also decodes the
 ``streams`` existing ones::
 
     step_j           = base + per_stream x streams + prefill_step + piece_j / rate
-                       + context x (before_j x piece_j + piece_j^2 / 2)
+                       + context x piece_j x (before_j + piece_j)
     worst gap        = max_j step_j                    (an existing stream's longest gap)
     rate during it   = steps / sum_j step_j            (tokens per existing stream per second)
     TTFT             = decode step / 2 + sum_j step_j  (it first waits, on average, half a
@@ -18,7 +18,7 @@ when the fit could not tell it from 0).
 
 A separate prefill pool (disaggregation) computes the prompt alone, in one
 step, and hands the KV cache over: the decode pool's streams see one decode
-step at worst, TTFT = ``base + prefill_step + prompt / rate + context x prompt^2 / 2
+step at worst, TTFT = ``base + prefill_step + prompt / rate + context x prompt^2
 + kv_transfer``.
 
 Capacity: the most decoding streams whose decode step stays within the TPOT
@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from proxy.advisor.context import piece_s
 from proxy.advisor.fit import Fit
+from proxy.advisor.pieces import piece_sizes
 
 DEFAULT_CHUNK_SIZES: tuple[int | None, ...] = (256, 512, 1024, 2048, 4096, 8192, None)
 """Candidates when none are given (``None``: unchunked)."""
@@ -134,10 +135,7 @@ def table(
 
 def pieces(prompt_tokens: int, chunk_size: int | None) -> list[int]:
     """How a prompt is split over steps at ``chunk_size`` (``None``: one piece)."""
-    if chunk_size is None or chunk_size >= prompt_tokens:
-        return [prompt_tokens]
-    full, rest = divmod(prompt_tokens, chunk_size)
-    return [chunk_size] * full + ([rest] if rest else [])
+    return list(piece_sizes(prompt_tokens, chunk_size))
 
 
 def _steps_s(

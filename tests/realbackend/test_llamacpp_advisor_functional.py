@@ -21,9 +21,7 @@ prefill step and a context term from the rate.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import math
-import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,7 +29,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.realbackend.advisorload import decode_step_s, read_stream
+from tests.realbackend.advisorload import decode_step_s, fit_workload, read_stream, window_cells
 from tests.realbackend.client import Prompts, chat
 from tests.realbackend.llamacpp_server import LlamaCppServer, LlamaCppSettings
 from tests.realbackend.recorder import ProxyFactory, RecordedProxy
@@ -53,30 +51,12 @@ TEMPLATE_TOKENS = 32
 """What the chat template adds to a prompt, at most (a bound, for the KV budget)."""
 
 
-async def _fit_run(proxy: RecordedProxy, prompts: Prompts, long_prompts: list[int]) -> None:
-    """Streams ending one after another while the long prompts come one at a time."""
-    step_s = await decode_step_s(proxy, prompts, "probe")
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        # Long enough to outlast every prefill, then one fewer every 8 steps.
-        busy_s = sum(p * PREFILL_S_PER_TOKEN + 12 * step_s for p in long_prompts)
-        # At most what the KV cache holds beside the long prompts (a slot may keep a
-        # finished one for reuse): a fast machine's short one-stream step would otherwise
-        # ask for more than fits, and llama.cpp ends every stream at once when it is full.
-        # Eight streams step several times slower than one, so they still outlast the rest.
-        room = (KV_TOKENS - sum(p + TEMPLATE_TOKENS + 2 for p in long_prompts)) // STREAMS
-        base = min(int(busy_s / step_s) + 30, room - 24 - TEMPLATE_TOKENS - 8 * (STREAMS - 1))
-        print(f"\nfit run: one-stream step {step_s * 1e3:.1f} ms, base {base} tokens")
-        async with asyncio.TaskGroup() as group:
-            for i in range(STREAMS):
-                body = chat(prompts.text(24), base + 8 * i)
-                group.create_task(read_stream(session, proxy.url, body, f"fit-{i}"))
-            await asyncio.sleep(20 * step_s + 1.0)
-            for k, tokens in enumerate(long_prompts):
-                await read_stream(
-                    session, proxy.url, chat(prompts.text(tokens), 2), f"fit-long-{k}"
-                )
-                await asyncio.sleep(10 * step_s)
+def _most_tokens(long_prompts: list[int]) -> int:
+    """The first fit stream's output at most: what the KV cache holds beside the long prompts
+    (a slot may keep a finished one for reuse; llama.cpp ends every stream at once when it is
+    full). Eight streams step several times slower than one, so they still outlast the rest."""
+    room = (KV_TOKENS - sum(p + TEMPLATE_TOKENS + 2 for p in long_prompts)) // STREAMS
+    return room - 24 - TEMPLATE_TOKENS - 8 * (STREAMS - 1)
 
 
 async def _measured_run(proxy: RecordedProxy, prompts: Prompts) -> tuple[float, int, int]:
@@ -95,24 +75,11 @@ async def _measured_run(proxy: RecordedProxy, prompts: Prompts) -> tuple[float, 
             await asyncio.sleep(20 * step_s + 1.0)
             await read_stream(session, proxy.url, chat(text, 2), "m-long")
     proxy.settle()
-    tf = proxy.watcher.forwarded_ns["m-long"]
-    t1 = proxy.watcher.output_ns["m-long"][0]
-    # Each stream's worst gap in the window; their median (one stream's bad luck with the
-    # scheduler of this shared machine is not the backend's).
-    worsts = []
-    for i in range(STREAMS):
-        stamps = proxy.watcher.output_ns[f"m-{i}"]
-        worsts.append(
-            max(b - a for a, b in itertools.pairwise(stamps) if tf < b <= t1 + step_s * 5e8)
-        )
-    worst = statistics.median(worsts)
-    stalls = [len([s for s in proxy.sink.stalls_caused_by("m-long") if s.request_id == f"m-{i}"])
-              for i in range(STREAMS)]  # fmt: skip
+    cells = window_cells(proxy, "m-long", [f"m-{i}" for i in range(STREAMS)])
     record = proxy.sink.requests["m-long"]
     assert prompts.count(text) <= record.prompt_tokens < prompts.count(text) + 32  # + template
     assert record.prompt_tokens is not None, "llama.cpp sent no usage"
-    tokens = record.prompt_tokens
-    return worst / 1e9, round(statistics.median(stalls)), tokens
+    return cells.worst_gap_s, cells.stalls, record.prompt_tokens
 
 
 async def _advice(admin_url: str, prompt_tokens: int, chunk: str) -> dict[str, Any]:
@@ -135,16 +102,24 @@ async def _fit_then_measure(
     prompts = Prompts(tokenizer_json, f"advisor-{fit_batch}")
     fit_server = llamacpp_factory(n_batch=fit_batch)
     proxy = await recorded_proxy(fit_server.url, provider="llama.cpp")
-    await _fit_run(proxy, prompts, FIT_PROMPTS)
+    await fit_workload(
+        proxy,
+        prompts,
+        FIT_PROMPTS,
+        streams=STREAMS,
+        prefill_s_per_token=PREFILL_S_PER_TOKEN,
+        most_tokens=_most_tokens(FIT_PROMPTS),
+    )
     other = llamacpp_factory(n_batch=other_batch)
     measured_proxy = await recorded_proxy(other.url, provider="llama.cpp", advisor=False)
     worst_s, stalls, tokens = await _measured_run(measured_proxy, prompts)
-    candidate = "none" if other_batch >= tokens else str(other_batch)
+    # The row of the prompt piece the other n_batch leaves beside the decoding streams.
+    candidate = "none" if other_batch >= tokens else str(other_batch - STREAMS)
     backend = await _advice(proxy.admin_url, tokens, candidate)
     print(f"\nllama.cpp fitted at n_batch {fit_batch}: {backend['fit']}")
     assert backend["status"] == "ok", backend["missing"]
     (row,) = backend["table"]
-    predicted_stalls = 1 if candidate == "none" else math.ceil(tokens / other_batch)
+    predicted_stalls = 1 if candidate == "none" else math.ceil(tokens / (other_batch - STREAMS))
     print(_table(fit_batch, other_batch, backend["fit"], row, worst_s, predicted_stalls, stalls))
     return backend, worst_s, stalls, predicted_stalls
 

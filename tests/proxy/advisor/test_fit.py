@@ -269,7 +269,10 @@ def test_a_fixed_cost_per_prefill_step_is_fitted_and_predicted():
     assert fitted.prefill_step_s == pytest.approx(0.040, rel=1e-3)
     assert r.prefill_tokens_per_s == pytest.approx(16_000, rel=1e-3)
     assert r.chunk_size == pytest.approx(700, abs=2)
-    assert fitted.observations["prefill_step_note"] is None
+    step_note = fitted.observations["prefill_step_note"]
+    assert isinstance(step_note, str)
+    assert step_note.endswith("; kept"), step_note
+    assert "is told from 0" in step_note
     # Two windows alone (the dearer prefills overlap the next prompt): a full and a last piece
     # of each.
     assert fitted.observations["prefill_windows"] == 2
