@@ -11,7 +11,8 @@ fixed hash seed). From the checkout's root, so its modules are the ones imported
 
 The default sinks are what ``proxy.edge.server`` builds without options: the
 Prometheus exporter and the advisor's observations in one fan-out; the stall view
-and the advisor as the watchers. ``CONCURRENCY`` streams overlap, each of
+and the advisor as the watchers. ``CONCURRENCY`` streams overlap (or the second
+argument's number), each of
 ``TOKENS`` output events, one every ``STEP_NS`` (no stalls); a finished stream's
 slot starts the next request, so prefill windows close while others decode.
 """
@@ -35,8 +36,9 @@ CONCURRENCY = 8
 STEP_NS = 20_000_000
 
 
-def run(requests: int) -> int:
-    """Run ``requests`` requests; return how many stalls the view reported (0 expected)."""
+def run(requests: int, concurrency: int = CONCURRENCY) -> int:
+    """Run ``requests`` requests, ``concurrency`` at a time; return how many stalls the
+    view reported (0 expected)."""
     backend = Backend("vllm", "127.0.0.1:8000")
     prom = PrometheusSink(CollectorRegistry())
     advised = AdvisorObservations(backend)
@@ -68,13 +70,13 @@ def run(requests: int) -> int:
         timer.forwarded(now + 50_000)
         return timer, -(len(slots) % 3)  # staggered: slots finish at different steps
 
-    for _ in range(min(CONCURRENCY, requests)):
+    for _ in range(min(concurrency, requests)):
         slots.append(start())
     finished = 0
     while finished < requests:
         now += STEP_NS
         for k, (timer, seen) in enumerate(slots):
-            now += STEP_NS // (4 * CONCURRENCY)
+            now += STEP_NS // (4 * concurrency)
             if seen < 0:
                 slots[k] = (timer, seen + 1)
                 continue
@@ -102,4 +104,5 @@ def run(requests: int) -> int:
 
 
 if __name__ == "__main__":
-    print(run(int(sys.argv[1]) if len(sys.argv) > 1 else 1000))
+    args = [int(a) for a in sys.argv[1:3]]
+    print(run(*args) if args else run(1000))
