@@ -13,8 +13,8 @@ differently, the body goes to ``json`` before orjson sees it:
   An integer of 18 digits or fewer always fits, so a run of 19 digits anywhere
   in the body (in a string too: harmless) sends it to ``json``;
 - nesting between ``json``'s limit and orjson's (1024): ``json`` raises
-  ``RecursionError`` at about 1000 levels less the caller's stack depth, orjson
-  does not. A body of 1024 bytes or more with 512 or more ``[`` and ``{``
+  ``RecursionError`` at about 1000 levels less the caller's stack depth (read
+  here as not JSON), orjson does not. A body of 1024 bytes or more with 512 or more ``[`` and ``{``
   goes to ``json``, so the depth at which ``json`` fails is never reached by
   orjson (a shorter body cannot nest 512 deep).
 
@@ -42,7 +42,9 @@ _DEEP = 512
 def parse_object(body: bytes) -> dict[str, Any] | None:
     """The body's JSON object; ``None`` when it is not JSON or not an object.
 
-    Same result as ``json.loads(body)`` for every body, ``RecursionError`` included.
+    Same result as ``json.loads(body)`` for every body, but ``None`` where that raises
+    ``RecursionError`` (nested about 1000 deep): the body is then forwarded unobserved, as
+    one that is not JSON, where the proxy used to answer 500 and lose the request.
     """
     if body.translate(_DIGITS).find(_LONG_NUMBER) < 0 and (
         len(body) < _SHALLOW_BYTES or body.count(b"[") + body.count(b"{") < _DEEP
@@ -59,5 +61,5 @@ def parse_object(body: bytes) -> dict[str, Any] | None:
 def _stdlib(body: bytes) -> Any:
     try:
         return json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # too deep for json: forwarded unread, as not JSON
         return None

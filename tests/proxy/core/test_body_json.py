@@ -53,9 +53,8 @@ def same(a: Any, b: Any) -> bool:
 def check(body: bytes) -> None:
     try:
         want = reference(body)
-    except RecursionError:
-        with pytest.raises(RecursionError):
-            parse_object(body)
+    except RecursionError:  # too deep for json: not read, the body goes on unobserved
+        assert parse_object(body) is None
         return
     got = parse_object(body)
     assert same(got, want), (body[:300], got, want)

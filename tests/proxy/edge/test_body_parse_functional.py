@@ -132,10 +132,8 @@ def _equal(a: object, b: object) -> bool:
 def through_the_proxy(world: World, body: bytes) -> None:
     try:
         want = reference(body)
-    except RecursionError:  # the json path failed this request before forwarding it
-        status, received, attrs = world.loop.run_until_complete(world.send(body))
-        assert (status, received, attrs) == (500, [], None)
-        return
+    except RecursionError:  # too deep to read: forwarded untouched, counted unobserved
+        want = None
     before = world.unobserved()
     status, received, attrs = world.loop.run_until_complete(world.send(body))
     assert status == 200
