@@ -15,6 +15,8 @@ timeout after the last byte.
 One timer for all streams, not one each: a timer handle per open stream was
 half a KiB (memory per open stream). And no timeout scope per stream either:
 the body itself is expired (a scope cost every request its entry and exit).
+The timer runs while some body is watched and at most one period after the
+last one left (it is not cancelled per request, only not armed again).
 """
 
 from __future__ import annotations
@@ -72,11 +74,11 @@ class Watchdogs:
         return dog
 
     def unwatch(self, dog: BodyWatchdog) -> None:
-        """Stop watching (the body ended, either way); the timer stops with the last body."""
+        """Stop watching (the body ended, either way). The timer is left to run out: its
+        next look finds nothing watched and stops it, unless a body came meanwhile (a
+        timer cancelled with the last body and armed again with the next was two timer
+        operations per request whenever requests do not overlap)."""
         self._watched.pop(dog, None)
-        if not self._watched and self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
 
     def __len__(self) -> int:
         """Bodies watched right now."""

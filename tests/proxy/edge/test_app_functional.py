@@ -344,6 +344,35 @@ async def test_silent_upstream_is_504(upstream, proxy_factory):
     assert json.loads(got)["error"]["type"] == "upstream_timeout"
 
 
+async def test_read_timeout_on_a_reused_connection_counts_from_that_request(
+    upstream, proxy_factory
+):
+    """--read-timeout for the head counts from each request, on a pooled connection too:
+    a head 0.7 s late is in time though the connection's previous request began 1.2 s
+    before it; a head later than the timeout is a 504."""
+    delays = [0.0, 0.7, 3.0]
+    ports: list[int] = []
+
+    async def late(request: web.Request) -> web.StreamResponse:
+        assert request.transport is not None
+        ports.append(request.transport.get_extra_info("peername")[1])
+        await asyncio.sleep(delays[len(ports) - 1])
+        return web.Response(text="ok", content_type="application/json")
+
+    upstream.handler = late
+    p = await proxy_factory(upstream.url, read_timeout_s=1.0)
+    status, _, _ = await post(p.url + "/v1/chat/completions", body(stream=False))
+    assert status == 200
+    await asyncio.sleep(0.5)
+    status, _, _ = await post(p.url + "/v1/chat/completions", body(stream=False))
+    assert status == 200
+    status, got, _ = await post(p.url + "/v1/chat/completions", body(stream=False))
+    assert status == 504
+    assert json.loads(got)["error"]["type"] == "upstream_timeout"
+    assert len(ports) == 3
+    assert len(set(ports)) == 1  # one pooled connection throughout
+
+
 async def test_upstream_dying_mid_stream_cuts_the_client(upstream, proxy_factory):
     first = chat_chunk("", role=True) + chat_chunk("a")
 

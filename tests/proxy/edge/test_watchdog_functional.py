@@ -97,3 +97,24 @@ async def test_a_body_whose_look_fails_does_not_stop_the_watch_over_the_others(c
         dogs.unwatch(broken)
     assert isinstance(silent.exception(), TimeoutError)  # cut all the same
     assert "looking at a body failed" in caplog.text
+
+
+async def test_bodies_one_after_another_are_each_cut_when_silent():
+    """The timer is not cancelled when the last body leaves: a body watched while it is
+    still armed, and one watched after it ran out with nothing to watch, are both cut."""
+    period = 0.05
+    dogs = Watchdogs(period)
+    loop = asyncio.get_running_loop()
+    tasks = TaskSet()
+    dogs.unwatch(dogs.watch(_Body()))  # a body that ended at once: the timer stays armed
+    for wait_s in (0.0, 3 * period):  # while armed; after the look that found nothing
+        await asyncio.sleep(wait_s)
+        marks: list[float] = []
+        silent = tasks.spawn(_relay(dogs, _Body(), None, marks))
+        await asyncio.wait({silent}, timeout=20 * period)
+        if not silent.done():
+            silent.cancel()
+            raise AssertionError(f"a silent body watched {wait_s:g} s after the last was not cut")
+        assert isinstance(silent.exception(), TimeoutError)
+        assert loop.time() - marks[-1] >= 2 * period  # never before two periods of silence
+        assert len(dogs) == 0
