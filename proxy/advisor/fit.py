@@ -45,7 +45,8 @@ BLIS's step models)::
   piece, nor one before it that small beside it. Nor is a last one below that share of
   the one before it and below ``END_DELAY_STEPS`` decode steps of excess: the API server,
   late sending the first token, lets the streams' next step fall into the window (a real
-  remainder that small costs less than two decode steps and is miscounted).
+  remainder that small costs less than 1.5 decode steps and is miscounted; llama.cpp's
+  108-token remainder beside 8 streams costs 1.7).
 - **Chunk size**: the number of steps with a clear excess tells how many
   pieces one prompt took. One step: the prompt was not split (chunk at least
   that big). Several: ``chunk = rate x (excess of a full piece)``; each such
@@ -92,7 +93,7 @@ ELEVATED_RATIO = 0.15
 """... and above this share of the decode step."""
 START_PIECE_RATIO = 0.3
 """A window's first elevated step below this share of the next is the API server's delay."""
-END_DELAY_STEPS = 2.0
+END_DELAY_STEPS = 1.5
 """... and its last one, below that share of the one before and this many decode steps of
 excess, the API server's delay sending the first token (read after the streams' next one)."""
 MEASURABLE_MIN_S = 0.003

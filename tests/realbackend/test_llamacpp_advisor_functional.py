@@ -7,9 +7,10 @@ other way round (fitted at 512, the unchunked row against a 2048 run).
 
 Where the 25% come from: llama.cpp's ``n_batch`` holds the streams' decode tokens
 too, so a 512 step carries 504 prompt tokens with 8 streams decoding (the
-advisor's chunk is the prompt piece; 1.6% here); on CPU a prompt piece costs more
-the more context is already in the KV cache (attention), which the advisor's
-context term takes up where the steps tell it from 0; and, the most, the shared
+advisor's chunk is the prompt piece: the row asked for is 504); on CPU a whole
+prompt costs more per token than its pieces, which the advisor's context term
+``x (L + x)`` takes up where the steps tell it from 0 but also charges to the pieces
+after context (docs/advisor.md#validation); and, the most, the shared
 2-core machine's speed moving between the fit and the measured run (both print
 their one-stream decode step: it moved by up to 70% between the two here). The
 fit prompts come in four sizes: unsplit, four points tell a context term from the
