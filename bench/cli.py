@@ -179,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
         return _fail("--memory-streams must be >= 0", 2)
     if args.tokens_per_write < 1:
         return _fail("--tokens-per-write must be >= 1", 2)
+    environment = environment_line()  # the commit and time the run starts from
     runs: list[list[BenchReport]] = []
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -198,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
         fitted = two_point(by_length, rate)
         if fitted:
             tables.append(fitted)
-    table = environment_line() + "\n\n" + "\n".join(tables)
+    table = environment + "\n\n" + "\n".join(tables)
     sys.stdout.write(table)
     if args.markdown is not None:
         args.markdown.write_text(table, encoding="utf-8")
