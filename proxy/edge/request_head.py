@@ -26,7 +26,7 @@ live here too, so the front and ``create_app`` cannot drift apart.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import httptools
 from multidict import CIMultiDict
@@ -75,9 +75,9 @@ def unknown_coding(transfer_encoding: str) -> bool:
     return any(c and c != "chunked" for c in codings)
 
 
-@dataclass(frozen=True, slots=True)
-class PlainRequest:
-    """A request head the front serves itself."""
+class PlainRequest(NamedTuple):
+    """A request head the front serves itself (a named tuple: one per request, and a frozen
+    dataclass sets each field through ``object.__setattr__``)."""
 
     method: str
     """Request method (an observed route's: POST)."""
