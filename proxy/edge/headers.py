@@ -7,6 +7,8 @@ here logs or records them.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from proxy.core.labels import CREDENTIAL_HEADERS
@@ -48,11 +50,18 @@ FORWARDING = frozenset(
 SECRET_HEADERS = CREDENTIAL_HEADERS
 
 
-def _connection_listed(headers: Headers) -> frozenset[str]:
+@lru_cache(maxsize=64)
+def _skip_with(skip: frozenset[str], connection: tuple[str, ...]) -> frozenset[str]:
+    """``skip`` and the field names the ``Connection`` values list (lower case).
+
+    Cached: clients send a few values (``keep-alive``, ``close``) again and again, and
+    splitting them cost more than the rest of the copy; 64 entries bound what a client
+    sending other values can make it keep.
+    """
     listed: set[str] = set()
-    for value in headers.getall("Connection", ()):
+    for value in connection:
         listed.update(t.strip().lower() for t in value.split(",") if t.strip())
-    return frozenset(listed)
+    return skip | listed
 
 
 # What each direction drops, built once (a header the ``Connection`` header names is added
@@ -64,9 +73,17 @@ _RESPONSE_SKIP_LENGTH = HOP_BY_HOP | _RESPONSE_DROP
 
 
 def _filtered(headers: Headers, skip: frozenset[str]) -> CIMultiDict[str]:
+    """A copy of ``headers`` without every field whose lower-cased name is in ``skip``.
+
+    Copied whole and the few dropped names removed after (``popall`` matches names as
+    ``str.lower`` does, multidict's own rule): a loop lowering each name cost more.
+    """
     if "Connection" in headers:
-        skip = skip | _connection_listed(headers)
-    return CIMultiDict([(k, v) for k, v in headers.items() if k.lower() not in skip])
+        skip = _skip_with(skip, tuple(headers.getall("Connection")))
+    out = CIMultiDict(headers)
+    for name in skip.intersection(map(str.lower, headers.keys())):
+        out.popall(name)
+    return out
 
 
 def upstream_request_headers(
