@@ -292,7 +292,9 @@ async def _send(
         state.tracing.inject(timer, headers)  # the proxy's span becomes the upstream's parent
     target = pool.path_prefix + client.target
     head = request_head(client.method, target, pool.host_header, headers, len(body))
-    conn = await pool.acquire()
+    conn = pool.idle()
+    if conn is None:
+        conn = await pool.connect()
     for attempt in (0, 1):
         pooled = conn.idle_since > 0
         # Stamped as the request is handed to the connection: on a pooled

@@ -63,13 +63,19 @@ class UpstreamPool:
 
     async def acquire(self) -> UpstreamConnection:
         """A pooled connection that is still open, else a new one."""
+        conn = self.idle()
+        return conn if conn is not None else await self.connect()
+
+    def idle(self) -> UpstreamConnection | None:
+        """A pooled connection that is still open, else None (``connect`` makes one); the
+        stale ones met on the way are closed. A plain call: no coroutine when one is idle."""
         now = time.monotonic()
         while self._idle:
             conn = self._idle.pop()
             if conn.phase == IDLE and conn.open and now - conn.idle_since < IDLE_S:
                 return conn
             conn.close()
-        return await self.connect()
+        return None
 
     async def connect(self) -> UpstreamConnection:
         """A new connection (``ConnectFailed`` when none can be made in time)."""
