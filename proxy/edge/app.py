@@ -59,10 +59,8 @@ NO_USAGE_INJECTION = frozenset({"llama.cpp"})
 
 
 async def _read_body(client: Inbound, limit: int, timeout_s: float) -> bytes:
-    """The request body: 413 as soon as it passes ``limit`` bytes, 408 past ``timeout_s``
-    (a body that arrived with its head, the usual one, needs no timeout scope)."""
-    if client.body_arrived():
-        return await client.read_body(limit)
+    """The request body still to come: 413 as soon as it passes ``limit`` bytes, 408 past
+    ``timeout_s`` (a body that arrived with its head, the usual one, is ``body_now``'s)."""
     try:
         async with asyncio.timeout(timeout_s):
             return await client.read_body(limit)
@@ -160,7 +158,9 @@ async def exchange(client: Inbound, state: ProxyState) -> None:
 
     try:
         try:
-            body = await _read_body(client, cfg.max_body_bytes, cfg.body_timeout_s)
+            body = client.body_now(cfg.max_body_bytes)
+            if body is None:
+                body = await _read_body(client, cfg.max_body_bytes, cfg.body_timeout_s)
         except Refused as exc:
             if fmt is not None:
                 timer = _start_timer(client, state, fmt, None)

@@ -389,18 +389,19 @@ class FrontConnection(Reply):
         """The request headers are not read again: let them go while the body streams."""
         self.headers = _NO_HEADERS
 
-    def body_arrived(self) -> bool:
-        """The head's ``Content-Length`` bytes were all read."""
-        return self._phase != BODY
+    def body_now(self, limit: int) -> bytes | None:
+        """The whole request body when the head's ``Content-Length`` bytes were all read
+        (``Refused`` as ``read_body``), else None: ``read_body`` waits for it."""
+        if self._phase == BODY:
+            return None
+        self._refuse_over(limit)
+        body = bytes(self._body or b"")
+        self._body = None
+        return body
 
     async def read_body(self, limit: int) -> bytes:
         """The whole request body; ``Refused``: 413 past ``limit`` bytes, 503 over budget."""
-        if self._need > limit:
-            self._close_after = True  # its bytes are not read: the connection cannot go on
-            raise too_large(limit, self._need)
-        if self._refusal is not None:
-            self._close_after = True
-            raise self._refusal
+        self._refuse_over(limit)
         if self._phase == BODY:
             waiter = self._body_waiter = asyncio.get_running_loop().create_future()
             try:
@@ -413,6 +414,15 @@ class FrontConnection(Reply):
         body = bytes(self._body or b"")
         self._body = None
         return body
+
+    def _refuse_over(self, limit: int) -> None:
+        """``Refused``: 413 when the declared body passes ``limit``, 503 over the budget."""
+        if self._need > limit:
+            self._close_after = True  # its bytes are not read: the connection cannot go on
+            raise too_large(limit, self._need)
+        if self._refusal is not None:
+            self._close_after = True
+            raise self._refusal
 
     def release_body(self) -> None:
         """The body went upstream (or never will): give its bytes back to the budget."""

@@ -86,8 +86,9 @@ class Inbound(Protocol):
         """The request headers are not read again: let them go while the body streams."""
         ...
 
-    def body_arrived(self) -> bool:
-        """The whole request body is here already: ``read_body`` cannot wait for it."""
+    def body_now(self, limit: int) -> bytes | None:
+        """The whole request body when it is here already (``Refused`` as ``read_body``),
+        else None: ``read_body`` reads it. A plain call: no coroutine when nothing waits."""
         ...
 
     async def read_body(self, limit: int) -> bytes:
@@ -187,9 +188,9 @@ class AiohttpInbound:
     def forget_headers(self) -> None:
         """Nothing to let go: the aiohttp request keeps its headers anyway."""
 
-    def body_arrived(self) -> bool:
-        """Not known without reading: ``read_body`` may wait."""
-        return False
+    def body_now(self, limit: int) -> bytes | None:
+        """Not known without reading: ``read_body`` reads it."""
+        return None
 
     async def read_body(self, limit: int) -> bytes:
         """The whole request body; ``Refused``: 413 past ``limit`` bytes, 503 over budget.
