@@ -395,9 +395,7 @@ class FrontConnection(Reply):
         if self._phase == BODY:
             return None
         self._refuse_over(limit)
-        body = bytes(self._body or b"")
-        self._body = None
-        return body
+        return self._take_body()
 
     async def read_body(self, limit: int) -> bytes:
         """The whole request body; ``Refused``: 413 past ``limit`` bytes, 503 over budget."""
@@ -411,6 +409,9 @@ class FrontConnection(Reply):
                 raise
             finally:
                 self._body_waiter = None
+        return self._take_body()
+
+    def _take_body(self) -> bytes:
         body = bytes(self._body or b"")
         self._body = None
         return body
