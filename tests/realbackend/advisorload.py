@@ -1,18 +1,24 @@
 """What the advisor validations on real engines share: a stream read to its end, the one-stream
-decode step that sizes their workloads to the machine, the fit's workload, and the cells of a
-measured prefill window as the existing streams saw it."""
+decode step that sizes their workloads to the machine, the fit's workload, the cells of a
+measured prefill window as the existing streams saw it, the measured run, and a fit's row
+set against it (``Direction``: the table and the cells outside a bound)."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import os
+import pickle
 import statistics
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+from proxy.advisor.predict import pieces
 from tests.realbackend.client import Prompts, chat
 from tests.realbackend.recorder import RecordedProxy
 
@@ -57,14 +63,15 @@ async def fit_workload(
     streams: int,
     prefill_s_per_token: float,
     most_tokens: int | None = None,
-) -> None:
+) -> float:
     """What the advisor fits from: ``streams`` streams that end one after another (decode
     steps at ``streams`` down to 1), while the ``long_prompts`` come one at a time (requests
     ``fit-0`` .., ``fit-long-0`` ..).
 
     The streams outlast every prefill (``prefill_s_per_token`` sizes them, with this
     machine's one-stream step), then one fewer every 8 steps; ``most_tokens`` caps the first
-    one's output (a KV cache that must hold them beside the prompts)."""
+    one's output (a KV cache that must hold them beside the prompts). Returns the one-stream
+    decode step measured first."""
     step_s = await decode_step_s(proxy, prompts, "fit-probe")
     busy_s = sum(p * prefill_s_per_token + 12 * step_s for p in long_prompts)
     base = int(busy_s / step_s) + 30
@@ -82,6 +89,7 @@ async def fit_workload(
                     session, proxy.url, chat(prompts.text(tokens), 2), f"fit-long-{k}"
                 )
                 await asyncio.sleep(10 * step_s)
+    return step_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,3 +138,201 @@ def window_cells(proxy: RecordedProxy, long_rid: str, stream_rids: Sequence[str]
         stalls=round(statistics.median(stalls)),
         decode_step_s=statistics.median(outside) / 1e9,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """One engine setting's measured run: what the streams and the new request saw."""
+
+    budget: int
+    """The engine's knob in this run (vLLM's ``--max-num-batched-tokens``, llama.cpp's
+    ``n_batch``)."""
+    prompt_tokens: int
+    """The long request's prompt (the engine's usage: the text and the chat template)."""
+    worst_gap_s: float
+    """Median over streams of each one's worst gap in the prefill window."""
+    rate_per_s: float
+    """Median over streams of its tokens per second over the gaps that carried the prompt."""
+    ttft_s: float
+    """The long request's first token, as the proxy measured it."""
+    stalls: int
+    """Median over streams of the stalls the proxy attributed to the long request."""
+    steps: int
+    """Median over streams of the gaps that carried the prompt."""
+    engine_prefill_s: float | None
+    """The engine's own prefill time of the long request, where it reports one (vLLM's
+    per-request metrics: scheduled to first token)."""
+    decode_step_s: float
+    """Median gap of the streams outside the window."""
+    probe_step_s: float
+    """One stream alone, just before: how fast the machine was for this run."""
+
+
+async def measured_run(
+    proxy: RecordedProxy,
+    prompts: Prompts,
+    budget: int,
+    *,
+    streams: int,
+    long_prompt: int,
+    stream_tokens: Callable[[float], int],
+) -> Measured:
+    """``streams`` streams, then one ``long_prompt``-token prompt: every cell of the advisor's
+    row as the proxy measured it (``stream_tokens(one-stream step)``: each stream's output,
+    enough for it to outlast the prefill)."""
+    step_s = await decode_step_s(proxy, prompts, "m-probe")
+    text = prompts.text(long_prompt)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        async with asyncio.TaskGroup() as group:
+            for i in range(streams):
+                body = chat(prompts.text(24), stream_tokens(step_s))
+                group.create_task(read_stream(session, proxy.url, body, f"m-{i}"))
+            await asyncio.sleep(20 * step_s + 1.0)
+            await read_stream(session, proxy.url, chat(text, 2), "m-long")
+    proxy.settle()
+    cells = window_cells(proxy, "m-long", [f"m-{i}" for i in range(streams)])
+    record = proxy.sink.requests["m-long"]
+    assert record.prompt_tokens is not None, "the engine sent no usage"
+    assert prompts.count(text) <= record.prompt_tokens < prompts.count(text) + 32  # + template
+    assert record.ttft_s is not None
+    timings = record.backend_timings
+    return Measured(
+        budget=budget,
+        prompt_tokens=record.prompt_tokens,
+        worst_gap_s=cells.worst_gap_s,
+        rate_per_s=cells.rate_per_s,
+        ttft_s=record.ttft_s,
+        stalls=cells.stalls,
+        steps=cells.steps,
+        engine_prefill_s=timings.prefill_s if timings is not None else None,
+        decode_step_s=cells.decode_step_s,
+        probe_step_s=step_s,
+    )
+
+
+async def advice(admin_url: str, prompt_tokens: int, streams: int, chunk: str) -> dict[str, Any]:
+    """The one backend's ``/advice`` for ``chunk`` (``none``: unchunked)."""
+    query = {"prompt_tokens": str(prompt_tokens), "streams": str(streams), "chunk_sizes": chunk}
+    async with aiohttp.ClientSession() as session:
+        async with session.get(admin_url + "/advice", params=query) as resp:
+            data: dict[str, Any] = await resp.json()
+    (backend,) = data["backends"]
+    assert isinstance(backend, dict)
+    return backend
+
+
+@dataclass(frozen=True, slots=True)
+class Direction:
+    """A fit at one setting of the engine's knob against the other setting's measured run."""
+
+    knob: str
+    """The knob, as the table names it (``--max-num-batched-tokens``, ``n_batch``)."""
+    fit_budget: int
+    streams: int
+    """Streams decoding through the measured prefill."""
+    backend: dict[str, Any]
+    """The ``/advice`` answer for the measured run's row."""
+    measured: Measured
+    fit_probe_step_s: float
+    """One stream alone before the fit workload (beside ``measured.probe_step_s``: how far
+    the machine's speed moved between the two)."""
+
+    @property
+    def fit(self) -> dict[str, Any]:
+        """The fitted model, as ``/advice`` gives it."""
+        fit: dict[str, Any] = self.backend["fit"]
+        return fit
+
+    @property
+    def row(self) -> dict[str, Any]:
+        """The predicted row."""
+        (row,) = self.backend["table"]
+        assert isinstance(row, dict)
+        return row
+
+    @property
+    def steps(self) -> int:
+        """Steps the advisor splits the prompt into at the measured setting: each one a stall
+        of every stream (the prompt's pieces here all cost several decode steps)."""
+        return len(pieces(self.row["prompt_tokens"], self.row["chunk_size"]))
+
+    def cells(self) -> list[tuple[str, float, float]]:
+        """(cell, predicted, measured) of every timed cell."""
+        m, row = self.measured, self.row
+        d = self.fit["decode_step_s"]
+        cells = [
+            ("worst gap (ms)", row["worst_gap_s"] * 1e3, m.worst_gap_s * 1e3),
+            ("rate during prefill (tokens/s)", row["rate_during_prefill_per_s"], m.rate_per_s),
+            ("first token (ms)", row["ttft_s"] * 1e3, m.ttft_s * 1e3),
+        ]
+        if m.engine_prefill_s is not None:
+            window = row["ttft_s"] - (d["base"] + d["per_stream"] * self.streams) / 2
+            cells.append(("engine's own prefill (ms)", window * 1e3, m.engine_prefill_s * 1e3))
+        return cells
+
+    def errors(self) -> list[float]:
+        """Each timed cell's error, predicted over measured minus 1, in ``cells`` order."""
+        return [p / v - 1 for _, p, v in self.cells()]
+
+    def table(self) -> str:
+        """The validation table: fitted, then predicted against measured."""
+        fit, m = self.fit, self.measured
+        d = fit["decode_step_s"]
+        obs = fit["observations"]
+        chunk = f"chunk {fit['chunk_size']}" if fit["chunked"] else "prompts unchunked"
+        lines = [
+            f"{self.backend['engine']['name']} fitted at {self.knob} {self.fit_budget} -> "
+            f"measured at {m.budget}: {m.prompt_tokens}-token prompt, {self.streams} streams "
+            f"decoding; one-stream step {self.fit_probe_step_s * 1e3:.1f} ms before the fit, "
+            f"{m.probe_step_s * 1e3:.1f} ms before the measured run",
+            f"  fitted: decode {d['base'] * 1e3:.1f} ms + {d['per_stream'] * 1e3:.2f} ms x "
+            f"streams, prefill {fit['prefill_tokens_per_s']:.0f} tokens/s, "
+            f"{fit['prefill_step_s'] * 1e3:.0f} ms a prefill step, "
+            f"{fit['prefill_context_s'] * 1e9:.0f} ns more a token per token of context, {chunk}",
+            *(f"  {obs[k]}" for k in ("prefill_step_note", "prefill_context_note") if obs.get(k)),
+            f"  range seen {fit['range']}; extrapolation: {self.row['extrapolation'] or 'none'}",
+            f"  measured decode step outside the window {m.decode_step_s * 1e3:.1f} ms",
+            f"  {'cell':32} {'predicted':>10} {'measured':>10} {'error':>7}",
+        ]
+        for name, p, v in self.cells():
+            lines.append(
+                f"  {name:32} {p:10.{2 if p < 100 else 0}f} {v:10.{2 if v < 100 else 0}f} "
+                f"{p / v - 1:+7.1%}"
+            )
+        lines.append(f"  {'stalls per stream':32} {self.steps:10d} {m.stalls:10d}")
+        lines.append(f"  {'steps that carried the prompt':32} {self.steps:10d} {m.steps:10d}")
+        return "\n".join(lines)
+
+    def failures(self, tolerance: float) -> list[str]:
+        """Every timed cell outside ``tolerance`` (relative, both ways) and stalls that differ,
+        one line each."""
+        out = [
+            f"fit at {self.fit_budget}, {name}: predicted {p:.1f}, measured {v:.1f} "
+            f"({p / v - 1:+.1%}, bound {tolerance:.0%})"
+            for name, p, v in self.cells()
+            if abs(p - v) > tolerance * v
+        ]
+        if self.steps != self.measured.stalls:
+            out.append(f"fit at {self.fit_budget}: stalls {self.steps} predicted, "
+                       f"{self.measured.stalls} measured")  # fmt: skip
+        return out
+
+
+DUMP_ENV = "TOKENSTAMP_ADVISOR_DUMP"
+"""A folder: each direction's fit observations and measured run are pickled there, to replay
+the fit offline (``pickle.load`` gives ``(ObservationSnapshot, Direction)``; ``fit(snapshot)``
+then gives the model again) while changing it."""
+
+
+def keep_for_replay(fit_proxy: RecordedProxy, direction: Direction) -> None:
+    """With ``TOKENSTAMP_ADVISOR_DUMP`` set, pickle the fit's observations and ``direction``."""
+    folder = os.environ.get(DUMP_ENV)
+    advisor = fit_proxy.running.advisor
+    if not folder or advisor is None:
+        return
+    (observations,) = advisor.observations
+    name = direction.backend["engine"]["name"] or "engine"
+    path = Path(folder) / f"{name}-{direction.fit_budget}-{time.strftime('%Y%m%dT%H%M%S')}.pkl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(pickle.dumps((observations.snapshot(), direction)))
+    print(f"kept for replay: {path}")

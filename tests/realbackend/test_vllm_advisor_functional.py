@@ -33,17 +33,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import pytest
 
-from proxy.advisor.predict import pieces
 from tests.realbackend.advisorload import (
-    decode_step_s,
+    Direction,
+    Measured,
+    advice,
     fit_workload,
-    read_stream,
-    window_cells,
+    keep_for_replay,
+    measured_run,
 )
-from tests.realbackend.client import Prompts, chat
+from tests.realbackend.client import Prompts
 from tests.realbackend.recorder import ProxyFactory, RecordedProxy
 from tests.realbackend.vllm_server import VllmServer
 
@@ -54,6 +54,7 @@ LONG = 1200
 """The measured long prompt (at 512: pieces of 504, 504 and the rest)."""
 FIT_PROMPTS = (1200, 800, 600)
 """The long prompts the advisor fits from, one at a time."""
+KNOB = "--max-num-batched-tokens"
 BUDGETS = (2048, 512)
 """``--max-num-batched-tokens`` of the session's server and of the one started here."""
 PREFILL_S_PER_TOKEN = 1 / 1000
@@ -75,72 +76,6 @@ ENGINE_TOLERANCE = 0.25
 """The fit's window for each of its own prompts against vLLM's own prefill time (within 25%
 in 6 of 8 runs; +31% and +34% in a 2048 fit that read the API server's late first token as
 a second piece, before the fit dropped such a step; +77% with the machine at half speed)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Measured:
-    """One budget's measured run: what the streams and the new request saw."""
-
-    budget: int
-    prompt_tokens: int
-    """The long request's prompt (vLLM's usage: the text and the chat template)."""
-    worst_gap_s: float
-    """Median over streams of each one's worst gap in the prefill window."""
-    rate_per_s: float
-    """Median over streams of its tokens per second over the gaps that carried the prompt."""
-    ttft_s: float
-    """The long request's first token, as the proxy measured it."""
-    stalls: int
-    """Median over streams of the stalls the proxy attributed to the long request."""
-    steps: int
-    """Median over streams of the gaps that carried the prompt."""
-    engine_prefill_s: float | None
-    """vLLM's own: the long request scheduled to its first token (per-request metrics)."""
-    decode_step_s: float
-    """Median gap of the streams outside the window."""
-
-
-async def _measured_run(proxy: RecordedProxy, prompts: Prompts, budget: int) -> Measured:
-    """8 streams, one long prompt: what each cell of the advisor's row is measured as."""
-    step_s = await decode_step_s(proxy, prompts, "m-probe")
-    text = prompts.text(LONG)
-    # The 8 streams step slower than one: they outlast the wait, three times the prefill and
-    # more (twice was once too little on a machine that slowed down after the probe).
-    tokens = int((20 * step_s + 1.0 + 3 * LONG * PREFILL_S_PER_TOKEN) / step_s) + 40
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        async with asyncio.TaskGroup() as group:
-            for i in range(STREAMS):
-                body = chat(prompts.text(24), tokens)
-                group.create_task(read_stream(session, proxy.url, body, f"m-{i}"))
-            await asyncio.sleep(20 * step_s + 1.0)
-            await read_stream(session, proxy.url, chat(text, 2), "m-long")
-    proxy.settle()
-    cells = window_cells(proxy, "m-long", [f"m-{i}" for i in range(STREAMS)])
-    record = proxy.sink.requests["m-long"]
-    assert record.prompt_tokens is not None, "vLLM sent no usage"
-    assert record.ttft_s is not None
-    timings = record.backend_timings
-    return Measured(
-        budget=budget,
-        prompt_tokens=record.prompt_tokens,
-        worst_gap_s=cells.worst_gap_s,
-        rate_per_s=cells.rate_per_s,
-        ttft_s=record.ttft_s,
-        stalls=cells.stalls,
-        steps=cells.steps,
-        engine_prefill_s=timings.prefill_s if timings is not None else None,
-        decode_step_s=cells.decode_step_s,
-    )
-
-
-async def _advice(admin_url: str, prompt_tokens: int, streams: int, chunk: str) -> dict[str, Any]:
-    query = {"prompt_tokens": str(prompt_tokens), "streams": str(streams), "chunk_sizes": chunk}
-    async with aiohttp.ClientSession() as session:
-        async with session.get(admin_url + "/advice", params=query) as resp:
-            data: dict[str, Any] = await resp.json()
-    (backend,) = data["backends"]
-    assert isinstance(backend, dict)
-    return backend
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +120,7 @@ async def _engine_checks(proxy: RecordedProxy, fit: dict[str, Any]) -> list[Engi
             last = next((k for k, t in enumerate(stamps) if t > t1), len(stamps) - 1)
             pairs = itertools.pairwise(stamps[first : last + 2])
             gaps.append(tuple(round((b - a) / 1e6) for a, b in pairs))
-        (row,) = (await _advice(proxy.admin_url, record.prompt_tokens, streams, chunk))["table"]
+        (row,) = (await advice(proxy.admin_url, record.prompt_tokens, streams, chunk))["table"]
         window = row["ttft_s"] - (d["base"] + d["per_stream"] * streams) / 2
         out.append(
             EngineCheck(record.prompt_tokens, streams, timings.prefill_s, window, tuple(gaps))
@@ -193,89 +128,29 @@ async def _engine_checks(proxy: RecordedProxy, fit: dict[str, Any]) -> list[Engi
     return out
 
 
-@dataclass(frozen=True, slots=True)
-class Direction:
-    """The fit at one budget against the other budget's measured run."""
+def _stream_tokens(step_s: float) -> int:
+    """The 8 streams step slower than one: they outlast the wait, three times the prefill and
+    more (twice was once too little on a machine that slowed down after the probe)."""
+    return int((20 * step_s + 1.0 + 3 * LONG * PREFILL_S_PER_TOKEN) / step_s) + 40
 
-    fit_budget: int
-    engine_name: str
-    """What the advice says it fitted."""
-    fit: dict[str, Any]
-    row: dict[str, Any]
-    measured: Measured
-    engine: list[EngineCheck]
 
-    @property
-    def steps(self) -> int:
-        """Steps the advisor splits the prompt into at the measured budget: each one a stall
-        of every stream (the prompt's pieces here all cost several decode steps)."""
-        return len(pieces(self.row["prompt_tokens"], self.row["chunk_size"]))
+def _engine_lines(checks: list[EngineCheck]) -> list[str]:
+    return [
+        f"  fit prompt {e.prompt_tokens} tokens, {e.streams} streams: vLLM's own prefill "
+        f"{e.engine_prefill_s * 1e3:.0f} ms, the fit's window {e.predicted_s * 1e3:.0f} ms "
+        f"({e.predicted_s / e.engine_prefill_s - 1:+.1%}); the streams' gaps (ms) "
+        + " | ".join(" ".join(map(str, g)) for g in e.gaps_ms)
+        for e in checks
+    ]
 
-    def cells(self) -> list[tuple[str, float, float]]:
-        """(cell, predicted, measured) of every timed cell."""
-        m, row = self.measured, self.row
-        d = self.fit["decode_step_s"]
-        cells = [
-            ("worst gap (ms)", row["worst_gap_s"] * 1e3, m.worst_gap_s * 1e3),
-            ("rate during prefill (tokens/s)", row["rate_during_prefill_per_s"], m.rate_per_s),
-            ("first token (ms)", row["ttft_s"] * 1e3, m.ttft_s * 1e3),
-        ]
-        if m.engine_prefill_s is not None:
-            window = row["ttft_s"] - (d["base"] + d["per_stream"] * STREAMS) / 2
-            cells.append(("vLLM's own prefill (ms)", window * 1e3, m.engine_prefill_s * 1e3))
-        return cells
 
-    def table(self) -> str:
-        """The validation table: fitted, then predicted against measured."""
-        fit, m = self.fit, self.measured
-        d = fit["decode_step_s"]
-        obs = fit["observations"]
-        chunk = f"chunk {fit['chunk_size']}" if fit["chunked"] else "prompts unchunked"
-        lines = [
-            f"vLLM fitted at --max-num-batched-tokens {self.fit_budget} -> measured at "
-            f"{m.budget}: {m.prompt_tokens}-token prompt, {STREAMS} streams decoding",
-            f"  fitted: decode {d['base'] * 1e3:.1f} ms + {d['per_stream'] * 1e3:.2f} ms x "
-            f"streams, prefill {fit['prefill_tokens_per_s']:.0f} tokens/s, "
-            f"{fit['prefill_step_s'] * 1e3:.0f} ms a prefill step, "
-            f"{fit['prefill_context_s'] * 1e9:.0f} ns more a token per token of context, {chunk}",
-            *(f"  {obs[k]}" for k in ("prefill_step_note", "prefill_context_note") if obs.get(k)),
-            f"  engine: {self.engine_name}; extrapolation: {self.row['extrapolation'] or 'none'}",
-            f"  measured decode step outside the window {m.decode_step_s * 1e3:.1f} ms",
-            f"  {'cell':32} {'predicted':>10} {'measured':>10} {'error':>7}",
-        ]
-        for name, p, v in self.cells():
-            lines.append(
-                f"  {name:32} {p:10.{2 if p < 100 else 0}f} {v:10.{2 if v < 100 else 0}f} {p / v - 1:+7.1%}"
-            )
-        lines.append(f"  {'stalls per stream':32} {self.steps:10d} {m.stalls:10d}")
-        lines.append(f"  {'steps that carried the prompt':32} {self.steps:10d} {m.steps:10d}")
-        for e in self.engine:
-            lines.append(
-                f"  fit prompt {e.prompt_tokens} tokens, {e.streams} streams: vLLM's own prefill "
-                f"{e.engine_prefill_s * 1e3:.0f} ms, the fit's window {e.predicted_s * 1e3:.0f} ms "
-                f"({e.predicted_s / e.engine_prefill_s - 1:+.1%}); the streams' gaps (ms) "
-                + " | ".join(" ".join(map(str, g)) for g in e.gaps_ms)
-            )
-        return "\n".join(lines)
-
-    def failures(self) -> list[str]:
-        """Every cell outside the bound, one line each."""
-        whole = self.fit_budget > self.measured.budget  # fitted unchunked, predicting pieces
-        out = [
-            f"fit at {self.fit_budget}, {name}: predicted {p:.1f}, measured {v:.1f}"
-            for name, p, v in self.cells()
-            if abs(p - v) > (WHOLE_PROMPT_TOLERANCE if whole else TOLERANCE) * v
-        ]
-        if self.steps != self.measured.stalls:
-            out.append(f"fit at {self.fit_budget}: stalls {self.steps} predicted, "
-                       f"{self.measured.stalls} measured")  # fmt: skip
-        out += [
-            f"fit at {self.fit_budget}, its own {e.prompt_tokens}-token prompt: window "
-            f"{e.predicted_s:.3f} s, vLLM's prefill {e.engine_prefill_s:.3f} s"
-            for e in self.engine
-            if abs(e.predicted_s - e.engine_prefill_s) > ENGINE_TOLERANCE * e.engine_prefill_s
-        ]
-        return out
+def _engine_failures(fit_budget: int, checks: list[EngineCheck]) -> list[str]:
+    return [
+        f"fit at {fit_budget}, its own {e.prompt_tokens}-token prompt: window "
+        f"{e.predicted_s:.3f} s, vLLM's prefill {e.engine_prefill_s:.3f} s"
+        for e in checks
+        if abs(e.predicted_s - e.engine_prefill_s) > ENGINE_TOLERANCE * e.engine_prefill_s
+    ]
 
 
 async def test_fit_at_one_budget_predicts_the_other(
@@ -287,6 +162,7 @@ async def test_fit_at_one_budget_predicts_the_other(
     found chunked) the 2048 row: every cell within ``TOLERANCE`` (fitted on whole prompts,
     within ``WHOLE_PROMPT_TOLERANCE``), the stalls exact."""
     fits: dict[int, RecordedProxy] = {}
+    fit_steps: dict[int, float] = {}
     measured: dict[int, Measured] = {}
     for budget in BUDGETS:
         server = vllm if budget == vllm.max_num_batched_tokens else None
@@ -294,7 +170,7 @@ async def test_fit_at_one_budget_predicts_the_other(
             server = await asyncio.to_thread(vllm_factory, budget)
         prompts = Prompts(server.model / "tokenizer.json", f"advisor-{budget}")
         fits[budget] = await recorded_proxy(server.url, provider="vllm")
-        await fit_workload(
+        fit_steps[budget] = await fit_workload(
             fits[budget],
             prompts,
             FIT_PROMPTS,
@@ -302,22 +178,33 @@ async def test_fit_at_one_budget_predicts_the_other(
             prefill_s_per_token=PREFILL_S_PER_TOKEN,
         )
         measured_proxy = await recorded_proxy(server.url, provider="vllm", advisor=False)
-        measured[budget] = await _measured_run(measured_proxy, prompts, budget)
-    directions = []
+        measured[budget] = await measured_run(
+            measured_proxy,
+            prompts,
+            budget,
+            streams=STREAMS,
+            long_prompt=LONG,
+            stream_tokens=_stream_tokens,
+        )
+    report, failures = [], []
+    by_budget: dict[int, Direction] = {}
+    engine_seen = []
     for fit_budget, other in itertools.permutations(BUDGETS):
         m = measured[other]
         # The row of the prompt piece the other budget leaves beside the decoding streams.
         piece = str(other - STREAMS)
-        backend = await _advice(fits[fit_budget].admin_url, m.prompt_tokens, STREAMS, piece)
+        backend = await advice(fits[fit_budget].admin_url, m.prompt_tokens, STREAMS, piece)
         assert backend["status"] == "ok", backend["missing"]
-        (row,) = backend["table"]
-        engine = await _engine_checks(fits[fit_budget], backend["fit"])
-        name = backend["engine"]["name"]
-        directions.append(Direction(fit_budget, name, backend["fit"], row, m, engine))
-    report = "\n".join(d.table() for d in directions)
-    print("\n" + report)
-    failures = [f for d in directions for f in d.failures()]
-    by_budget = {d.fit_budget: d for d in directions}
+        d = Direction(KNOB, fit_budget, STREAMS, backend, m, fit_steps[fit_budget])
+        by_budget[fit_budget] = d
+        keep_for_replay(fits[fit_budget], d)
+        engine = await _engine_checks(fits[fit_budget], d.fit)
+        engine_seen.append(bool(engine))
+        report += [d.table(), *_engine_lines(engine)]
+        whole = fit_budget > other  # fitted unchunked, predicting pieces
+        failures += d.failures(WHOLE_PROMPT_TOLERANCE if whole else TOLERANCE)
+        failures += _engine_failures(fit_budget, engine)
+    print("\n" + "\n".join(report))
     # Whether the 2048 fit finds prompts unchunked is printed, not asserted: the API server's
     # late first token made a second "piece" in 2 of 4 runs (chunks 255 and 571) before the
     # fit dropped such a step, in none of 4 since. The chunk found at 512 is printed, not
@@ -325,5 +212,5 @@ async def test_fit_at_one_budget_predicts_the_other(
     if by_budget[512].fit["chunked"] is not True:
         failures.append(f"fit at 512: chunked {by_budget[512].fit['chunked']}, not True")
     if vllm.per_request_metrics:
-        assert all(d.engine for d in directions), "vLLM sent no per-request metrics"
-    assert not failures, report + "\n" + "\n".join(failures)
+        assert all(engine_seen), "vLLM sent no per-request metrics"
+    assert not failures, "\n".join(report + failures)
