@@ -21,13 +21,26 @@ the note says which failed:
 
 - the 95% interval of ``context`` (Student's t, ``proxy.advisor.regression``)
   lies above 0;
+- the rate, fitted again on the windows' totals beside it (below), is above 0;
 - it matters: over the longest prompt seen it adds at least
-  ``CONTEXT_MIN_SHARE`` of that prompt's modelled prefill time;
-- it explains the windows' totals better than the model without it (their RMS
-  residual, relative to their RMS, is lower).
+  ``CONTEXT_MIN_SHARE`` of that prompt's modelled prefill time.
 
 A fixed cost per prefill step comes back with it only when its own 95% interval
 in the joint fit lies above 0.
+
+The steps tell the term; the windows' totals set the rate beside it. A window's
+total excess telescopes (a step read late and the next read early cancel), so it
+holds the engine's cost level better than single steps, each a median of a few
+gaps; but the totals of chunked prompts cannot tell the term: for prompts of 600
+to 1,200 tokens in pieces of 504 the context they attend per token moves by 60%,
+which at llama.cpp's term changes a window's total by a few percent, about its
+noise. Judged on the totals (kept only where they fit better with it), the term
+was dropped in 5 of 7 real llama.cpp fits at ``n_batch`` 512 whose steps told it
+from 0, and each of the 5 under-predicted the unsplit prompt's worst gap (-4% to
+-23%); kept as here, all 7 predicted it within 20% (-14% to +19%,
+docs/advisor.md#validation). The totals' residual with and without the term is
+still reported (``Fit.quality``). For unsplit prompts steps and totals are the
+same points, and the rate is the joint fit's.
 """
 
 from __future__ import annotations
@@ -106,13 +119,19 @@ def piece_s(step_s: float, inv_rate: float, context_s: float, tokens: int, befor
     return step_s + tokens * inv_rate + context_s * attended(tokens, before)
 
 
-def total_s(step_s: float, inv_rate: float, context_s: float, pieces: Sequence[int]) -> float:
-    """A whole prompt computed in ``pieces`` (tokens of each step, in order), s."""
-    out, before = 0.0, 0
+def attended_all(pieces: Sequence[int]) -> int:
+    """The context term's factor of a whole prompt computed in ``pieces``, in order:
+    ``sum_j x_j (L_j + x_j)``."""
+    out, before = 0, 0
     for x in pieces:
-        out += piece_s(step_s, inv_rate, context_s, x, before)
+        out += attended(x, before)
         before += x
     return out
+
+
+def total_s(step_s: float, inv_rate: float, context_s: float, pieces: Sequence[int]) -> float:
+    """A whole prompt computed in ``pieces`` (tokens of each step, in order), s."""
+    return len(pieces) * step_s + sum(pieces) * inv_rate + context_s * attended_all(pieces)
 
 
 def totals_residual(
@@ -124,6 +143,18 @@ def totals_residual(
     sq = sum((t.excess_s - total_s(step_s, inv_rate, context_s, t.pieces)) ** 2 for t in totals)
     norm = sum(t.excess_s**2 for t in totals)
     return math.sqrt(sq / norm) if norm > 0 else 0.0
+
+
+def rate_on_totals(totals: list[WindowTotal], step_s: float, context_s: float) -> float:
+    """Seconds per prompt token that fit the windows' totals best (least squares through the
+    origin, as the rate without the term is fitted) beside ``step_s`` a piece and
+    ``context_s``; 0 without totals."""
+    rest = [
+        (t.tokens, t.excess_s - len(t.pieces) * step_s - context_s * attended_all(t.pieces))
+        for t in totals
+    ]
+    norm = sum(p * p for p, _ in rest)
+    return sum(p * y for p, y in rest) / norm if norm > 0 else 0.0
 
 
 def fit_context(
@@ -151,6 +182,13 @@ def fit_context(
         return dropped(f"the rate came out <= 0 beside a context term of {value}", c_s, c_se)
     if not fitted.above_zero(0):
         return dropped(f"the context term, {value}, is not told from 0", c_s, c_se)
+    inv_s = rate_on_totals(totals, s_s, c_s)
+    if inv_s <= 0:
+        return dropped(
+            f"the rate on the windows' totals came out <= 0 beside a context term of {value}",
+            c_s,
+            c_se,
+        )
     longest = max(totals, key=lambda t: t.tokens)
     share = c_s * attended(longest.tokens, 0) / total_s(s_s, inv_s, c_s, [longest.tokens])
     if share < CONTEXT_MIN_SHARE:
@@ -161,17 +199,10 @@ def fit_context(
             c_se,
         )
     with_term = totals_residual(totals, s_s, inv_s, c_s)
-    if with_term >= without:
-        return dropped(
-            f"the context term, {value}, explains the windows' totals no better than none "
-            f"(residual {with_term:.1%} against {without:.1%})",
-            c_s,
-            c_se,
-        )
     note = (
         f"{seen}: the context term, {value} (+{share:.0%} on the longest prompt, "
-        f"{longest.tokens} tokens), is told from 0 and explains the windows' totals better "
-        f"than none (residual {with_term:.1%} against {without:.1%}); kept"
+        f"{longest.tokens} tokens), is told from 0, the rate set on the windows' totals beside "
+        f"it (their residual {with_term:.1%}, {without:.1%} without it); kept"
     )
     return ContextFit(c_s, s_s, inv_s, True, c_s, c_se, with_term, without, note, step_note)
 

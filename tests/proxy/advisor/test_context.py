@@ -19,6 +19,8 @@ from proxy.advisor.context import (
     StepPoint,
     WindowTotal,
     fit_context,
+    rate_on_totals,
+    total_s,
 )
 from proxy.advisor.fit import Fit, fit
 from proxy.advisor.observations import AdvisorObservations
@@ -289,6 +291,36 @@ def test_noise_without_a_context_effect_is_not_taken_for_one():
     assert got.context_s == 0.0
     assert got.inv_rate == inv
     assert got.note.endswith("taken as 0")
+
+
+def test_a_term_the_steps_tell_is_kept_where_chunked_totals_cannot_tell_it():
+    # A real llama.cpp fit at n_batch 512 beside 8 decoding streams (2026-12-07): each step
+    # (tokens, context before it, excess s) and each window's pieces and total. The pieces
+    # after context cost more (515 after 515: 0.785 s against 0.635-0.711 after none); the
+    # totals fit a plain rate better (1.4% against 3.6%), their context per token moving
+    # too little to tell the term.
+    steps = [(515, 0, 0.6349), (515, 515, 0.7853), (182, 1030, 0.3243), (515, 0, 0.6894),
+             (297, 515, 0.4662), (515, 0, 0.7114), (97, 515, 0.1354), (515, 0, 0.6739),
+             (397, 515, 0.6351)]  # fmt: skip
+    windows = [((36,), 0.0523), ((515, 515, 182), 1.6601), ((515, 297), 1.1129),
+               ((515, 97), 0.8054), ((515, 397), 1.2263)]  # fmt: skip
+    points = [StepPoint(*step) for step in steps]
+    totals = [WindowTotal(*window) for window in windows]
+    inv = sum(t.tokens * t.excess_s for t in totals) / sum(t.tokens**2 for t in totals)
+    got = fit_context(points, totals, 0.0, inv)
+    assert got.kept, got.note
+    assert got.context_s == pytest.approx(5.26e-7, rel=0.01)
+    assert got.inv_rate == pytest.approx(rate_on_totals(totals, 0.0, got.context_s))
+    assert got.residual_rel is not None
+    assert got.residual_rel > got.residual_without_rel  # kept on the steps, not the totals
+    assert "residual 3.6%, 1.4% without it" in got.note
+    # The same run's 1,212-token prompt unsplit (n_batch 2048): a worst gap of 1.954 s with
+    # a decode step of 0.074 s. With the term the fit predicts it within 5%, without 12% low.
+    measured = 1.954 - 0.074
+    assert total_s(got.step_s, got.inv_rate, got.context_s, [1212]) == pytest.approx(
+        measured, rel=0.05
+    )
+    assert 1212 * inv < 0.88 * measured
 
 
 def test_the_json_and_the_printed_report_carry_the_term():
