@@ -35,8 +35,9 @@ BLIS's step models)::
   is ``(full piece - prefill_step) x rate``.
 - **Context term** (``context``): attention makes later pieces of a prompt dearer;
   fitted on each prefill step at the context it had, kept only where the steps tell it
-  from 0 (``proxy.advisor.context``). Kept, the chunk is found again as the size whose
-  steps it explains best; ``observations["prefill_context_note"]`` says why either way.
+  from 0 (``proxy.advisor.context``). Kept, the rate beside it is set on the windows'
+  totals and the chunk is found again as the size whose steps it explains best;
+  ``observations["prefill_context_note"]`` says why either way.
 - **A window's start**: a "piece" smaller than ``START_PIECE_RATIO`` of the next one
   at the start of a window is no step of the prompt (its first piece is a full one, and
   the next costs at most a few times as much even where context dominates) but the

@@ -48,7 +48,7 @@ PREFILL_S_PER_TOKEN = 1 / 250
 """About what this CPU takes per prompt token (sizes the streams, not a tolerance)."""
 TOLERANCE = 0.20
 """Each predicted time or rate against the measured one, both ways (docs/advisor.md#validation:
-12 of 13 directions within 15.3% on 2026-12-07, one at -26%; the suite's ``--reruns 2``
+every cell within 19.9% in the 16 directions of 2026-12-07; the suite's ``--reruns 2``
 retries a run that the machine's speed moved past it)."""
 KV_TOKENS = LlamaCppSettings().n_ctx
 """The KV cache every slot shares (``kv_unified``): the streams and the prompts must fit."""

@@ -60,21 +60,19 @@ BUDGETS = (2048, 512)
 PREFILL_S_PER_TOKEN = 1 / 1000
 """About what this CPU takes per prompt token (sizes the streams, not a tolerance)."""
 TOLERANCE = 0.20
-"""Each predicted time or rate against the measured one, both ways (on a loaded machine,
-docs/advisor.md#validation: every cell within 15.7% in the 3 runs of the code as it stands;
-over 8 runs, fitted at 512 within 11% in 5, -19% to -25% and the rate +23% to +26% in 2 (a
-whole prompt costs more per token than its pieces, which a fit on pieces without a context
-term does not see) and -52% once with the machine at half speed)."""
+"""Each predicted time or rate against the measured one, both ways (docs/advisor.md#validation:
+fitted at 512, every cell within 11.9% in the 3 runs of 2026-12-07; earlier, -19% to -25%
+twice where a whole prompt cost more per token than its pieces, and -52% once with the
+machine at half speed)."""
 WHOLE_PROMPT_TOLERANCE = 0.20
 """The 512 row predicted by the fit at 2048: a fit on whole prompts extrapolates a piece
-after context of its own (the advice marks the row so). Within 12.5% in the 3 runs of the
-code as it stands; over 8 runs +58% twice: once the context term ``x (L + x)`` kept
-without a step cost beside it put the whole prompts' superlinear cost on the context before
-a piece (this engine's pieces after context cost what the first does), once the machine at
-half speed."""
+after context of its own (the advice marks the row so). Within 6.5% in the 3 runs of
+2026-12-07; earlier +58% twice: once the context term ``x (L + x)`` kept without a step
+cost beside it put the whole prompts' superlinear cost on the context before a piece (this
+engine's pieces after context cost what the first does), once the machine at half speed."""
 ENGINE_TOLERANCE = 0.25
-"""The fit's window for each of its own prompts against vLLM's own prefill time (within 25%
-in 6 of 8 runs; +31% and +34% in a 2048 fit that read the API server's late first token as
+"""The fit's window for each of its own prompts against vLLM's own prefill time (within 19.3%
+in the 3 runs of 2026-12-07, within 25% in 6 of 8 before; +31% and +34% in a 2048 fit that read the API server's late first token as
 a second piece, before the fit dropped such a step; +77% with the machine at half speed)."""
 
 
