@@ -240,3 +240,23 @@ def test_a_first_token_after_a_gap_releases_the_window_too() -> None:
         view.flush(80 * MS)
         seen.append((held, [p.request_id for p in sink.prefills]))
     assert seen[0] == seen[1] == (0, ["w"])
+
+
+def test_a_first_token_in_place_in_front_of_the_last_silent_stream() -> None:
+    """Two streams silent across a window, the first seen by a gap before its first token:
+    the view waits on the last of them, and the first one's first token (set in place, in
+    front of it) makes it look again, as the reference does on every event."""
+    seen = []
+    for cls in (BackendView, ReferenceView):
+        sink = StallRecorder()
+        view = cls(BACKEND, sink, StallSettings())
+        view.gap("s", 5 * MS, 5 * MS)  # before its first token: first in line, silent
+        view.gap("u", 6 * MS, 6 * MS)  # behind it, silent too: the last silent one
+        view.forwarded("w", 10 * MS)
+        view.first_token("w", 20 * MS)  # w's window: final after 45 ms
+        view.flush(60 * MS)
+        held = len(sink.prefills)
+        view.first_token("s", 70 * MS)  # in place: s is still first in line, now spoken
+        view.flush(80 * MS)
+        seen.append((held, [p.request_id for p in sink.prefills]))
+    assert seen[0] == seen[1] == (0, ["w"])
