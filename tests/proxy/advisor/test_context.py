@@ -306,7 +306,7 @@ def test_a_term_the_steps_tell_is_kept_where_chunked_totals_cannot_tell_it():
                ((515, 97), 0.8054), ((515, 397), 1.2263)]  # fmt: skip
     points = [StepPoint(*step) for step in steps]
     totals = [WindowTotal(*window) for window in windows]
-    inv = sum(t.tokens * t.excess_s for t in totals) / sum(t.tokens**2 for t in totals)
+    inv = rate_on_totals(totals, 0.0, 0.0)  # the rate without the term, as the fit has it
     got = fit_context(points, totals, 0.0, inv)
     assert got.kept, got.note
     assert got.context_s == pytest.approx(5.26e-7, rel=0.01)
