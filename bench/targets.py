@@ -104,6 +104,9 @@ BUILTIN_TARGETS: tuple[TargetSpec, ...] = (
                description="tokenstamp serve on uvloop"),
     TargetSpec("tokenstamp-nostall", (*_SERVE, "--stall-detection", "false"),
                description="tokenstamp serve without stall detection"),
+    TargetSpec("tokenstamp-edge", (*_SERVE, "--loop", "uvloop", "--observe", "false"),
+               description="tokenstamp serve on uvloop with --observe false: its HTTP edge "
+               "alone, every request forwarded untouched, nothing timed"),
 )  # fmt: skip
 """Targets known by name; a new variant is one more entry."""
 

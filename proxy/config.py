@@ -102,6 +102,11 @@ class ProxyConfig:
     closes, so a load balancer stops sending first."""
     drain_timeout_s: float = 30.0
     """On SIGTERM: how long open streams may finish before the process exits."""
+    observe: bool = True
+    """Time the observed routes' streams. False: every request is forwarded and relayed
+    untouched, nothing of it timed or recorded but the ``observation_off`` count of
+    ``tokenstamp_requests_unobserved_total`` (a kill switch that keeps the proxy in the path; the
+    benchmark's ``tokenstamp-edge`` target measures the HTTP edge alone with it)."""
     stall_detection: bool = True
     """Watch all streams of the backend for stalls and name the prefills that caused them."""
     heap_trim: bool = True
@@ -335,6 +340,9 @@ SERVE_OPTIONS: tuple[_Opt, ...] = (
          "503 while still serving, before the listener closes (default 0)"),
     _Opt("drain-timeout", "drain_timeout_s", _positive(float), "on SIGTERM, seconds open streams "
          "may take to finish (default 30)"),
+    _Opt("observe", "observe", _bool, "time the observed routes' streams; false forwards "
+         "every request untouched and records none (a kill switch): true/false (default "
+         "true)"),
     _Opt("stall-detection", "stall_detection", _bool, "detect stalls and attribute them to "
          "prefills: true/false (default true)"),
     _Opt("stall-ratio", "stall_ratio", _ratio, "a gap longer than this many times the "

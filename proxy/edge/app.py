@@ -151,6 +151,9 @@ async def exchange(client: Inbound, state: ProxyState) -> None:
     cfg = state.config
     clock = state.clock
     fmt = route(client.method, client.path)
+    if fmt is not None and not cfg.observe:
+        state.sink.unobserved(state.backend, "observation_off")  # --observe false
+        fmt = None
     state.in_flight += 1
     timer: StreamTimer | None = None
     progress = Progress()

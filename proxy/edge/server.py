@@ -399,6 +399,9 @@ async def serve_forever(config: ProxyConfig) -> int:
         proxy.admin_url,
     )
     log.info("hot path: %s (see setup.py)", hot_path_build())
+    if not config.observe:
+        log.warning("observation is off (--observe false): requests are forwarded untouched "
+                    "and none is timed or recorded")  # fmt: skip
     if proxy.timeline is not None:
         log.info("token timeline on %s/timeline", proxy.admin_url)
     # Process-wide housekeeping, so here and not in start_proxy (which tests and

@@ -69,6 +69,7 @@ def test_builtin_variants_are_entries_of_one_command():
     assert known["tokenstamp-asyncio"].argv == (*base, "--loop", "asyncio")
     assert known["tokenstamp-uvloop"].argv == (*base, "--loop", "uvloop")
     assert known["tokenstamp-nostall"].argv == (*base, "--stall-detection", "false")
+    assert known["tokenstamp-edge"].argv == (*base, "--loop", "uvloop", "--observe", "false")
     assert known["passthrough-uvloop"].argv == (*known["passthrough"].argv, "--loop", "uvloop")
     assert known["nginx"].requires == "nginx"
     values = {"python": "py", "upstream": "http://u:1", "listen": "127.0.0.1:2", "workdir": "/w"}

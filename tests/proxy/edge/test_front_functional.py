@@ -14,6 +14,7 @@ import logging
 import socket
 
 import pytest
+from prometheus_client import generate_latest
 
 from proxy.edge.server import RunningProxy
 from tests.conftest import Script
@@ -512,3 +513,50 @@ async def test_a_compressed_request_body_goes_upstream_as_the_client_sent_it(pro
         server.close()
     assert bodies == [packed, packed]
     assert (p.front.served, p.front.handed_off) == (1, 1)
+
+
+STREAMED = json.dumps({"model": "m", "messages": [], "stream": True}).encode()
+
+
+@pytest.mark.parametrize("observe", [True, False])
+async def test_observation_off_forwards_untouched_through_the_same_front(
+    observe, upstream, proxy_factory
+):
+    """``--observe false``: the front serves the observed route as ever, the upstream gets
+    the client's body and headers as sent (no usage asked for, no ``identity`` forced),
+    the answer comes back byte for byte, and nothing is recorded but ``observation_off``.
+    With observation on (the control) the same request is timed and its body rewritten."""
+    upstream.script = Script([(0.0, e) for e in EVENTS])
+    p = await proxy_factory(upstream.url, observe=observe)
+    reader, writer = await _connect(p)
+    try:
+        for _ in range(2):
+            writer.write(_post(body=STREAMED, extra="Accept-Encoding: gzip\r\n"))
+            status, _, body = await _response(reader)
+            assert status == b"HTTP/1.1 200 OK"
+            assert body == b"".join(EVENTS)
+    finally:
+        writer.close()
+    assert (p.front.served, p.front.handed_off) == (2, 0)
+    sent = upstream.requests[0]
+    unobserved = p.registry.get_sample_value(
+        "tokenstamp_requests_unobserved_total",
+        {"gen_ai_provider_name": "vllm", "server_address": "test-backend",
+         "tokenstamp_reason": "observation_off"},
+    )  # fmt: skip
+    ttft = p.registry.get_sample_value(
+        "gen_ai_server_time_to_first_token_seconds_count",
+        {"gen_ai_operation_name": "chat", "gen_ai_provider_name": "vllm",
+         "gen_ai_request_model": "m", "server_address": "test-backend"},
+    )  # fmt: skip
+    if observe:
+        assert sent["body"] != STREAMED  # usage asked for on the client's behalf
+        assert sent["headers"]["Accept-Encoding"] == "identity"
+        assert (unobserved, ttft) == (None, 2)
+    else:
+        assert [r["body"] for r in upstream.requests] == [STREAMED] * 2
+        assert sent["headers"]["Accept-Encoding"] == "gzip"
+        assert (unobserved, ttft) == (2, None)
+        text = generate_latest(p.registry).decode()
+        assert "tokenstamp_requests_total{" not in text
+    assert p.state.in_flight == 0
