@@ -102,9 +102,12 @@ bench: install
 ## steady and max-rate at 10 and 200 tokens), its Markdown spliced into the page as written.
 ## On a shared machine: flock /tmp/tokenstamp-quiet.lock make bench-docs
 BENCH_DOCS_OUT ?= build/benchmark-latest
+## The default targets, the floor of a Python proxy and tokenstamp's HTTP edge alone.
+BENCH_DOCS_TARGETS ?= direct,nginx,tcp-relay,passthrough,passthrough-uvloop,tokenstamp-asyncio,tokenstamp-uvloop,tokenstamp-nostall,tokenstamp-edge
 bench-docs: install
 	mkdir -p $(dir $(BENCH_DOCS_OUT))
 	$(BIN)/tokenstamp bench --scenario steady,max-rate --max-tokens 10,200 \
+		--targets $(BENCH_DOCS_TARGETS) \
 		--markdown $(BENCH_DOCS_OUT).md --json $(BENCH_DOCS_OUT).json
 	$(BIN)/python -m bench.docpage $(BENCH_DOCS_OUT).md docs/benchmark.md
 

@@ -307,7 +307,8 @@ UNOBSERVED = Instrument(
     "tokenstamp.requests.unobserved",
     Kind.COUNTER,
     "{request}",
-    "Requests on an observed route passed through without timing (body not JSON, unknown format).",
+    "Requests on an observed route passed through without timing (body not JSON, unknown "
+    "format, --observe false).",
     (*BACKEND_ATTRS, "tokenstamp.reason"),
 )
 TENANTS_OVERFLOW = Instrument(
