@@ -323,6 +323,26 @@ def test_a_term_the_steps_tell_is_kept_where_chunked_totals_cannot_tell_it():
     assert 1212 * inv < 0.88 * measured
 
 
+def test_a_term_that_leaves_the_totals_no_rate_is_dropped():
+    # The real steps above tell the term; windows whose totals it alone more than explains
+    # (a tenth of the real ones: the steps and the windows disagree) leave no positive rate
+    # beside it, so the term goes and the rate without it stays.
+    steps = [(515, 0, 0.6349), (515, 515, 0.7853), (182, 1030, 0.3243), (515, 0, 0.6894),
+             (297, 515, 0.4662), (515, 0, 0.7114), (97, 515, 0.1354), (515, 0, 0.6739),
+             (397, 515, 0.6351)]  # fmt: skip
+    windows = [((36,), 0.00523), ((515, 515, 182), 0.16601), ((515, 297), 0.11129),
+               ((515, 97), 0.08054), ((515, 397), 0.12263)]  # fmt: skip
+    points = [StepPoint(*step) for step in steps]
+    totals = [WindowTotal(*window) for window in windows]
+    inv = rate_on_totals(totals, 0.0, 0.0)
+    got = fit_context(points, totals, 0.0, inv)
+    assert not got.kept
+    assert (got.context_s, got.inv_rate) == (0.0, inv)
+    assert got.fitted_s == pytest.approx(5.26e-7, rel=0.01)  # told, then dropped
+    assert "the rate on the windows' totals came out <= 0" in got.note
+    assert got.note.endswith("taken as 0")
+
+
 def test_the_json_and_the_printed_report_carry_the_term():
     model = StepModel()
     obs = drive(model, CHUNKED)
