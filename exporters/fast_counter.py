@@ -119,7 +119,9 @@ class FastCounter(_Family[CounterChild]):
         metric = Metric(self._name, self._doc, "counter")
         samples = metric.samples
         total, created = self._name + "_total", self._name + "_created"
-        with_created = _client_metrics._use_created  # prometheus_client's switch, read live
+        # prometheus_client's switch (disable_created_metrics), read live; a release that
+        # renames it falls back to its default, and the byte-identity test says so.
+        with_created = getattr(_client_metrics, "_use_created", True)
         names = self._labelnames
         for values, child in self._children.items():
             samples.append(Sample(total, dict(zip(names, values, strict=True)), child.value))
