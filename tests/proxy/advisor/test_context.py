@@ -293,21 +293,29 @@ def test_noise_without_a_context_effect_is_not_taken_for_one():
     assert got.note.endswith("taken as 0")
 
 
+LLAMACPP_512_STEPS = [
+    StepPoint(*step)
+    for step in ((515, 0, 0.6349), (515, 515, 0.7853), (182, 1030, 0.3243), (515, 0, 0.6894),
+                 (297, 515, 0.4662), (515, 0, 0.7114), (97, 515, 0.1354), (515, 0, 0.6739),
+                 (397, 515, 0.6351))
+]  # fmt: skip
+"""A real llama.cpp fit at n_batch 512 beside 8 decoding streams (2026-12-07): each step's
+tokens, context before it, and excess s."""
+LLAMACPP_512_WINDOWS = [
+    WindowTotal(*window)
+    for window in (((36,), 0.0523), ((515, 515, 182), 1.6601), ((515, 297), 1.1129),
+                   ((515, 97), 0.8054), ((515, 397), 1.2263))
+]  # fmt: skip
+"""The same fit's windows: each prompt's pieces and their total excess s."""
+
+
 def test_a_term_the_steps_tell_is_kept_where_chunked_totals_cannot_tell_it():
-    # A real llama.cpp fit at n_batch 512 beside 8 decoding streams (2026-12-07): each step
-    # (tokens, context before it, excess s) and each window's pieces and total. The pieces
-    # after context cost more (515 after 515: 0.785 s against 0.635-0.711 after none); the
-    # totals fit a plain rate better (1.4% against 3.6%), their context per token moving
-    # too little to tell the term.
-    steps = [(515, 0, 0.6349), (515, 515, 0.7853), (182, 1030, 0.3243), (515, 0, 0.6894),
-             (297, 515, 0.4662), (515, 0, 0.7114), (97, 515, 0.1354), (515, 0, 0.6739),
-             (397, 515, 0.6351)]  # fmt: skip
-    windows = [((36,), 0.0523), ((515, 515, 182), 1.6601), ((515, 297), 1.1129),
-               ((515, 97), 0.8054), ((515, 397), 1.2263)]  # fmt: skip
-    points = [StepPoint(*step) for step in steps]
-    totals = [WindowTotal(*window) for window in windows]
+    # The pieces after context cost more (515 after 515: 0.785 s against 0.635-0.711 after
+    # none); the totals fit a plain rate better (1.4% against 3.6%), their context per
+    # token moving too little to tell the term.
+    totals = LLAMACPP_512_WINDOWS
     inv = rate_on_totals(totals, 0.0, 0.0)  # the rate without the term, as the fit has it
-    got = fit_context(points, totals, 0.0, inv)
+    got = fit_context(LLAMACPP_512_STEPS, totals, 0.0, inv)
     assert got.kept, got.note
     assert got.context_s == pytest.approx(5.26e-7, rel=0.01)
     assert got.inv_rate == pytest.approx(rate_on_totals(totals, 0.0, got.context_s))
@@ -324,18 +332,12 @@ def test_a_term_the_steps_tell_is_kept_where_chunked_totals_cannot_tell_it():
 
 
 def test_a_term_that_leaves_the_totals_no_rate_is_dropped():
-    # The real steps above tell the term; windows whose totals it alone more than explains
-    # (a tenth of the real ones: the steps and the windows disagree) leave no positive rate
-    # beside it, so the term goes and the rate without it stays.
-    steps = [(515, 0, 0.6349), (515, 515, 0.7853), (182, 1030, 0.3243), (515, 0, 0.6894),
-             (297, 515, 0.4662), (515, 0, 0.7114), (97, 515, 0.1354), (515, 0, 0.6739),
-             (397, 515, 0.6351)]  # fmt: skip
-    windows = [((36,), 0.00523), ((515, 515, 182), 0.16601), ((515, 297), 0.11129),
-               ((515, 97), 0.08054), ((515, 397), 0.12263)]  # fmt: skip
-    points = [StepPoint(*step) for step in steps]
-    totals = [WindowTotal(*window) for window in windows]
+    # The same steps tell the term; windows a tenth of the real ones (the steps and the
+    # windows disagree) are more than the term alone explains, so no positive rate is left
+    # beside it: the term goes and the rate without it stays.
+    totals = [WindowTotal(w.pieces, w.excess_s / 10) for w in LLAMACPP_512_WINDOWS]
     inv = rate_on_totals(totals, 0.0, 0.0)
-    got = fit_context(points, totals, 0.0, inv)
+    got = fit_context(LLAMACPP_512_STEPS, totals, 0.0, inv)
     assert not got.kept
     assert (got.context_s, got.inv_rate) == (0.0, inv)
     assert got.fitted_s == pytest.approx(5.26e-7, rel=0.01)  # told, then dropped
