@@ -2,7 +2,10 @@
 
 ``Advisor`` owns one ``AdvisorObservations`` per backend. Once a second (a
 background task, off the token path) it fits each backend and hands the
-fitted parameters to ``publish`` (the Prometheus gauges). The first ``/advice``
+fitted parameters to ``publish`` (the Prometheus gauges). The fits and the
+report run in a worker thread: they cost tens of milliseconds of CPU with a
+full evidence buffer, which on the event loop would delay every stream's
+next token by as much (and show in the very gaps the proxy measures). The first ``/advice``
 asks the upstream which engine it is (``GET /v1/models``: its ``Server`` header
 and the models' ``owned_by``, e.g. ``vllm``, ``llamacpp``, ``sglang``): one
 request per proxy, sent only when someone asks for advice (a sidecar that is
@@ -103,25 +106,31 @@ class Advisor:
         """What the upstream said it is (``probe_engine``); ``None`` until asked."""
         self._next_probe_s = 0.0
 
-    def refresh(self) -> list[tuple[Fit, ObservationSnapshot]]:
-        """Fit every backend now; publish the parameters."""
-        out = []
+    async def refresh(self) -> list[tuple[Fit, ObservationSnapshot]]:
+        """Fit every backend now; publish the parameters.
+
+        The snapshots are taken on the loop (the observations change with every token; a copy
+        costs well under a millisecond), the fits run in a worker thread: a full evidence
+        buffer costs tens of milliseconds of CPU, more on a busy core, and on the loop that
+        would hold every stream's next token and show in the gaps the proxy measures."""
         now_ns = self._clock()
-        for obs in self.observations:
-            snapshot = obs.snapshot(now_ns)
-            fitted = fit(snapshot)
-            out.append((fitted, snapshot))
+        snapshots = [obs.snapshot(now_ns) for obs in self.observations]
+        fits = await asyncio.to_thread(_fit_all, snapshots)
+        for fitted in fits:
             if self._publish is not None:
                 try:
                     self._publish(fitted.fit_record)
                 except Exception:  # telemetry never breaks traffic
                     log.exception("advisor: publishing the fit failed")
-        return out
+        return list(zip(fits, snapshots, strict=True))
 
-    def advice(self, options: AdviceOptions | None = None) -> dict[str, Any]:
-        """The JSON document of ``/advice``."""
+    async def advice(self, options: AdviceOptions | None = None) -> dict[str, Any]:
+        """The JSON document of ``/advice`` (the report, like the fit, off the loop)."""
         opts = options if options is not None else AdviceOptions(self.tpot_target_s)
-        return {"backends": [advise(f, s, opts, self.engine) for f, s in self.refresh()]}
+        fitted = await self.refresh()
+        engine = self.engine
+        backends = await asyncio.to_thread(lambda: [advise(f, s, opts, engine) for f, s in fitted])
+        return {"backends": backends}
 
     async def ask_engine(self) -> None:
         """Ask the upstream which engine it is, unless it answered already (any HTTP status
@@ -139,9 +148,14 @@ class Advisor:
         while True:
             await asyncio.sleep(every_s)
             try:
-                self.refresh()
+                await self.refresh()
             except Exception:
                 log.exception("advisor: fit failed")
+
+
+def _fit_all(snapshots: Sequence[ObservationSnapshot]) -> list[Fit]:
+    """Each snapshot's fit (pure: run in a worker thread)."""
+    return [fit(snapshot) for snapshot in snapshots]
 
 
 def options_from_query(query: Mapping[str, str], tpot_target_s: float) -> AdviceOptions:
@@ -213,7 +227,7 @@ async def _advice(request: web.Request) -> web.Response:
     except ValueError as exc:
         return web.Response(status=400, text=f"{exc}\n")
     await advisor.ask_engine()
-    body = orjson.dumps(advisor.advice(options), option=orjson.OPT_INDENT_2)
+    body = orjson.dumps(await advisor.advice(options), option=orjson.OPT_INDENT_2)
     return web.Response(
         body=body, content_type="application/json", headers={"Cache-Control": "no-store"}
     )

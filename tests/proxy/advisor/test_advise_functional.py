@@ -10,11 +10,15 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import threading
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 import aiohttp
 import pytest
 
+from proxy.advisor import web as advisor_web
 from proxy.edge.server import start_proxy
 from tests.proxy.advisor.advisorkit import stream
 from tests.stallkit import simulator_proxy_config, start_simulator
@@ -117,3 +121,47 @@ async def test_bad_parameters_and_the_advisor_off(aiohttp_server):
     finally:
         await proxy.close(drain_timeout_s=1.0)
         await off.close(drain_timeout_s=1.0)
+
+
+@pytest.mark.timeout(60)
+async def test_the_fit_and_the_report_leave_the_event_loop_free(aiohttp_server, monkeypatch):
+    """A fit of a full evidence buffer costs tens of milliseconds of CPU, more on a busy core;
+    on the proxy's loop it would hold every stream's next token (and show in the gaps the proxy
+    measures). Each fit and each report, the periodic ones and ``/advice``'s, runs elsewhere:
+    wrapped, each one asks the loop to run a callback and waits for it, which only a loop left
+    free can do (on the loop's own thread the wrapper records the failure and does not wait)."""
+    loop = asyncio.get_running_loop()
+    loop_thread = threading.get_ident()
+    calls: list[tuple[str, bool]] = []
+    fitted = asyncio.Event()
+
+    def waits_for_the_loop(name: str, real: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            ran = threading.Event()
+            free = threading.get_ident() != loop_thread
+            if free:
+                loop.call_soon_threadsafe(ran.set)
+                free = ran.wait(10.0)
+            calls.append((name, free))
+            loop.call_soon_threadsafe(fitted.set)
+            return real(*args)
+
+        return call
+
+    monkeypatch.setattr(advisor_web, "fit", waits_for_the_loop("fit", advisor_web.fit))
+    monkeypatch.setattr(advisor_web, "advise", waits_for_the_loop("advise", advisor_web.advise))
+    proxy = await start_proxy(simulator_proxy_config(await start_simulator(aiohttp_server, "fast")))
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+            async with asyncio.TaskGroup() as group:  # decode gaps at 4, 3, 2 and 1 streams
+                for i in range(4):
+                    group.create_task(stream(session, proxy.url, max_tokens=40 + 20 * i))
+            await asyncio.wait_for(fitted.wait(), 10.0)  # the periodic fit, once a second
+            async with session.get(proxy.admin_url + "/advice") as resp:
+                assert resp.status == 200
+                (backend,) = (await resp.json())["backends"]
+        assert backend["fit"]["decode_step_s"]["base"] is not None  # the fit ran, and on data
+        assert {name for name, _ in calls} == {"fit", "advise"}
+        assert all(free for _, free in calls), calls
+    finally:
+        await proxy.close(drain_timeout_s=1.0)
