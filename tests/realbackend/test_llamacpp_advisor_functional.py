@@ -20,6 +20,7 @@ contexts 0 to 1,008) tell a fixed cost per prefill step and a context term from 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,9 +29,10 @@ import pytest
 from tests.realbackend.advisorload import (
     Direction,
     advice,
-    fit_workload,
     keep_for_replay,
-    measured_run,
+    timeline,
+    undisturbed_fit,
+    undisturbed_measured,
 )
 from tests.realbackend.client import Prompts
 from tests.realbackend.llamacpp_server import LlamaCppServer, LlamaCppSettings
@@ -79,9 +81,9 @@ async def _fit_then_measure(
     """Fit at ``fit_batch``, measure at ``other_batch``: the fit's row against the run."""
     prompts = Prompts(tokenizer_json, f"advisor-{fit_batch}")
     fit_server = llamacpp_factory(n_batch=fit_batch)
-    proxy = await recorded_proxy(fit_server.url, provider="llama.cpp")
-    fit_step_s = await fit_workload(
-        proxy,
+    proxy, fit_run = await undisturbed_fit(
+        f"fit at {fit_batch}",
+        functools.partial(recorded_proxy, fit_server.url, provider="llama.cpp"),
         prompts,
         FIT_PROMPTS,
         streams=STREAMS,
@@ -89,9 +91,9 @@ async def _fit_then_measure(
         most_tokens=_most_tokens(FIT_PROMPTS),
     )
     other = llamacpp_factory(n_batch=other_batch)
-    measured_proxy = await recorded_proxy(other.url, provider="llama.cpp", advisor=False)
-    m = await measured_run(
-        measured_proxy,
+    m = await undisturbed_measured(
+        f"measured at {other_batch}",
+        functools.partial(recorded_proxy, other.url, provider="llama.cpp", advisor=False),
         prompts,
         other_batch,
         streams=STREAMS,
@@ -101,8 +103,8 @@ async def _fit_then_measure(
     # The row of the prompt piece the other n_batch leaves beside the decoding streams.
     candidate = "none" if other_batch >= m.prompt_tokens else str(other_batch - STREAMS)
     backend = await advice(proxy.admin_url, m.prompt_tokens, STREAMS, candidate)
-    assert backend["status"] == "ok", backend["missing"]
-    d = Direction("n_batch", fit_batch, STREAMS, backend, m, fit_step_s)
+    assert backend["status"] == "ok", f"{backend['missing']}\n{timeline(proxy)}"
+    d = Direction("n_batch", fit_batch, STREAMS, backend, m, fit_run)
     keep_for_replay(proxy, d)
     print("\n" + d.table())
     return d

@@ -28,6 +28,7 @@ metrics test) and one started here at 512: one server start more than that test.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,11 +38,13 @@ import pytest
 
 from tests.realbackend.advisorload import (
     Direction,
+    FitRun,
     Measured,
     advice,
-    fit_workload,
     keep_for_replay,
-    measured_run,
+    timeline,
+    undisturbed_fit,
+    undisturbed_measured,
 )
 from tests.realbackend.client import Prompts
 from tests.realbackend.recorder import ProxyFactory, RecordedProxy
@@ -124,6 +127,27 @@ async def _engine_checks(proxy: RecordedProxy, fit: dict[str, Any]) -> list[Engi
     return out
 
 
+def _held_outside_vllm(proxy: RecordedProxy) -> str | None:
+    """A fit prompt whose window (forwarded to first token, the proxy's stamps) outlasted vLLM's
+    own time for it (queued and prefilled) by half and more: the API server or the machine held
+    the request or its first token, and every stream's tokens with it (seen once: a 4.9 s window
+    of a prompt vLLM prefilled in 395 ms, the streams' tokens then in one burst)."""
+    for k in range(len(FIT_PROMPTS)):
+        rid = f"fit-long-{k}"
+        record = proxy.sink.requests.get(rid)
+        timings = record.backend_timings if record is not None else None
+        if timings is None or timings.prefill_s is None:
+            continue  # a vLLM without per-request metrics: nothing to tell it by
+        engine_s = timings.prefill_s + (timings.queue_s or 0.0)
+        window_s = (proxy.watcher.output_ns[rid][0] - proxy.watcher.forwarded_ns[rid]) / 1e9
+        if window_s > 1.5 * engine_s + 0.05:
+            return (
+                f"{rid}'s window was {window_s * 1e3:.0f} ms where vLLM queued and prefilled it "
+                f"in {engine_s * 1e3:.0f}: the request was held outside the engine"
+            )
+    return None
+
+
 def _stream_tokens(step_s: float) -> int:
     """The 8 streams step slower than one: they outlast the wait, three times the prefill and
     more (twice was once too little on a machine that slowed down after the probe)."""
@@ -157,24 +181,25 @@ async def test_fit_at_one_budget_predicts_the_other(
     """Fitted at 2048 (prompts unchunked, and found so) the 512 row, fitted at 512 (prompts
     found chunked) the 2048 row: every cell within ``TOLERANCE``, the stalls exact."""
     fits: dict[int, RecordedProxy] = {}
-    fit_steps: dict[int, float] = {}
+    fit_runs: dict[int, FitRun] = {}
     measured: dict[int, Measured] = {}
     for budget in BUDGETS:
         server = vllm if budget == vllm.max_num_batched_tokens else None
         if server is None:
             server = await asyncio.to_thread(vllm_factory, budget)
         prompts = Prompts(server.model / "tokenizer.json", f"advisor-{budget}")
-        fits[budget] = await recorded_proxy(server.url, provider="vllm")
-        fit_steps[budget] = await fit_workload(
-            fits[budget],
+        fits[budget], fit_runs[budget] = await undisturbed_fit(
+            f"fit at {budget}",
+            functools.partial(recorded_proxy, server.url, provider="vllm"),
             prompts,
             FIT_PROMPTS,
             streams=STREAMS,
             prefill_s_per_token=PREFILL_S_PER_TOKEN,
+            held_outside=_held_outside_vllm,
         )
-        measured_proxy = await recorded_proxy(server.url, provider="vllm", advisor=False)
-        measured[budget] = await measured_run(
-            measured_proxy,
+        measured[budget] = await undisturbed_measured(
+            f"measured at {budget}",
+            functools.partial(recorded_proxy, server.url, provider="vllm", advisor=False),
             prompts,
             budget,
             streams=STREAMS,
@@ -189,8 +214,11 @@ async def test_fit_at_one_budget_predicts_the_other(
         # The row of the prompt piece the other budget leaves beside the decoding streams.
         piece = str(other - STREAMS)
         backend = await advice(fits[fit_budget].admin_url, m.prompt_tokens, STREAMS, piece)
-        assert backend["status"] == "ok", backend["missing"]
-        d = Direction(KNOB, fit_budget, STREAMS, backend, m, fit_steps[fit_budget])
+        assert backend["status"] == "ok", (
+            f"fit at {fit_budget}: {backend['missing']}\n"
+            f"observations {backend['fit']['observations']}\n{timeline(fits[fit_budget])}"
+        )
+        d = Direction(KNOB, fit_budget, STREAMS, backend, m, fit_runs[fit_budget])
         by_budget[fit_budget] = d
         keep_for_replay(fits[fit_budget], d)
         engine = await _engine_checks(fits[fit_budget], d.fit)
