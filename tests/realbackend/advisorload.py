@@ -365,23 +365,15 @@ async def undisturbed_fit(
 async def undisturbed_measured(
     what: str,
     new_proxy: Callable[[], Awaitable[RecordedProxy]],
-    prompts: Prompts,
-    budget: int,
-    *,
-    streams: int,
-    long_prompt: int,
-    stream_tokens: Callable[[float], int],
+    measure: Callable[[RecordedProxy], Awaitable[Measured]],
 ) -> Measured:
-    """``measured_run`` through a new proxy, again while its loop was held or its streams'
-    tokens came in bursts: eight streams' typical gap under half of one stream's step is
-    tokens held back and sent together (by the engine's API server or the machine), not
-    steps."""
+    """``measure`` (a ``measured_run``) through a new proxy, again while its loop was held or
+    its streams' tokens came in bursts: eight streams' typical gap under half of one stream's
+    step is tokens held back and sent together (by the engine's API server or the machine),
+    not steps."""
 
     async def run() -> Measured:
-        return await measured_run(
-            await new_proxy(), prompts, budget, streams=streams, long_prompt=long_prompt,
-            stream_tokens=stream_tokens,
-        )  # fmt: skip
+        return await measure(await new_proxy())
 
     async def disturbed(m: Measured) -> str | None:
         if m.decode_step_s < m.probe_step_s / 2:

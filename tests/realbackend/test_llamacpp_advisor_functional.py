@@ -30,6 +30,7 @@ from tests.realbackend.advisorload import (
     Direction,
     advice,
     keep_for_replay,
+    measured_run,
     timeline,
     undisturbed_fit,
     undisturbed_measured,
@@ -94,11 +95,14 @@ async def _fit_then_measure(
     m = await undisturbed_measured(
         f"measured at {other_batch}",
         functools.partial(recorded_proxy, other.url, provider="llama.cpp", advisor=False),
-        prompts,
-        other_batch,
-        streams=STREAMS,
-        long_prompt=LONG,
-        stream_tokens=_stream_tokens,
+        functools.partial(
+            measured_run,
+            prompts=prompts,
+            budget=other_batch,
+            streams=STREAMS,
+            long_prompt=LONG,
+            stream_tokens=_stream_tokens,
+        ),
     )
     # The row of the prompt piece the other n_batch leaves beside the decoding streams.
     candidate = "none" if other_batch >= m.prompt_tokens else str(other_batch - STREAMS)

@@ -42,6 +42,7 @@ from tests.realbackend.advisorload import (
     Measured,
     advice,
     keep_for_replay,
+    measured_run,
     timeline,
     undisturbed_fit,
     undisturbed_measured,
@@ -200,11 +201,14 @@ async def test_fit_at_one_budget_predicts_the_other(
         measured[budget] = await undisturbed_measured(
             f"measured at {budget}",
             functools.partial(recorded_proxy, server.url, provider="vllm", advisor=False),
-            prompts,
-            budget,
-            streams=STREAMS,
-            long_prompt=LONG,
-            stream_tokens=_stream_tokens,
+            functools.partial(
+                measured_run,
+                prompts=prompts,
+                budget=budget,
+                streams=STREAMS,
+                long_prompt=LONG,
+                stream_tokens=_stream_tokens,
+            ),
         )
     report, failures = [], []
     by_budget: dict[int, Direction] = {}
