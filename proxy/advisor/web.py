@@ -5,9 +5,12 @@ background task, off the token path) it fits each backend and hands the
 fitted parameters to ``publish`` (the Prometheus gauges). The fits and the
 report run in a worker thread: they cost tens of milliseconds of CPU with a
 full evidence buffer, which on the event loop would delay every stream's
-next token by as much (and show in the very gaps the proxy measures). The first ``/advice``
-asks the upstream which engine it is (``GET /v1/models``: its ``Server`` header
-and the models' ``owned_by``, e.g. ``vllm``, ``llamacpp``, ``sglang``): one
+next token by as much (and show in the very gaps the proxy measures). Only
+the snapshots, copies well under a millisecond, are taken on the loop.
+
+The first ``/advice`` asks the upstream which engine it is (``GET /v1/models``:
+its ``Server`` header and the models' ``owned_by``, e.g. ``vllm``, ``llamacpp``,
+``sglang``): one
 request per proxy, sent only when someone asks for advice (a sidecar that is
 not asked sends nothing of its own), never on a client's path. ``/advice`` fits
 afresh and answers the JSON of ``proxy.advisor.report``: ``{"backends": [...]}``,
@@ -107,12 +110,8 @@ class Advisor:
         self._next_probe_s = 0.0
 
     async def refresh(self) -> list[tuple[Fit, ObservationSnapshot]]:
-        """Fit every backend now; publish the parameters.
-
-        The snapshots are taken on the loop (the observations change with every token; a copy
-        costs well under a millisecond), the fits run in a worker thread: a full evidence
-        buffer costs tens of milliseconds of CPU, more on a busy core, and on the loop that
-        would hold every stream's next token and show in the gaps the proxy measures."""
+        """Fit every backend now (snapshots on the loop, where the observations change with
+        every token; the fits in a worker thread, as the module says); publish on the loop."""
         now_ns = self._clock()
         snapshots = [obs.snapshot(now_ns) for obs in self.observations]
         fits = await asyncio.to_thread(_fit_all, snapshots)

@@ -40,7 +40,7 @@ second "step" of an unsplit prompt)."""
 
 HELD_S = 0.25
 """A run whose loop woke later than this (ten decode steps and more; undisturbed runs here
-wake 40 ms late at most) measured the machine holding the test's process, not the engine."""
+woke 63 ms late at most) measured the machine holding the test's process, not the engine."""
 RUN_ATTEMPTS = 3
 """Runs of one workload at most while each was disturbed (``until_undisturbed``)."""
 T = TypeVar("T")
